@@ -1,0 +1,53 @@
+//! Token ring costs at 1000 members × 256 vnodes: `cargo bench -p topology --bench ring`.
+
+use std::hint::black_box;
+
+use criterion::{BatchSize, Criterion, criterion_group, criterion_main};
+use topology::{NodeId, Token, TokenRing, VnodeCount};
+
+const MEMBERS: usize = 1000;
+
+fn members() -> Vec<NodeId> {
+    (0..MEMBERS)
+        .map(|i| NodeId::new(&format!("node-{i}")).unwrap())
+        .collect()
+}
+
+fn ring(c: &mut Criterion) {
+    let vnodes = VnodeCount::DEFAULT;
+    let members = members();
+    let full = TokenRing::from_members(vnodes, members.clone());
+    let newcomer = NodeId::new("node-joining").unwrap();
+    eprintln!(
+        "ring memory: {:.2} bytes per vnode ({} vnodes)",
+        full.token_heap_bytes() as f64 / full.token_count() as f64,
+        full.token_count()
+    );
+
+    let mut group = c.benchmark_group("ring_1000x256");
+    group.sample_size(30);
+    group.bench_function("insert_one_member", |b| {
+        b.iter_batched_ref(
+            || full.clone(),
+            |ring| ring.insert(black_box(newcomer.clone())),
+            BatchSize::LargeInput,
+        );
+    });
+    group.bench_function("remove_one_member", |b| {
+        b.iter_batched_ref(
+            || full.clone(),
+            |ring| ring.remove(black_box(&members[MEMBERS / 2])),
+            BatchSize::LargeInput,
+        );
+    });
+    group.bench_function("full_rebuild", |b| {
+        b.iter(|| TokenRing::from_members(vnodes, black_box(&members).iter().cloned()));
+    });
+    group.bench_function("hash_one_token", |b| {
+        b.iter(|| Token::of_vnode(black_box(&newcomer), black_box(17)));
+    });
+    group.finish();
+}
+
+criterion_group!(benches, ring);
+criterion_main!(benches);

@@ -1,0 +1,201 @@
+//! [`NodeId`]: the validated, stable name of a cluster member.
+
+use std::borrow::Borrow;
+use std::fmt;
+use std::str::FromStr;
+use std::sync::Arc;
+
+use crate::error::{Error, InvalidNodeId};
+
+/// The longest [`NodeId`], in bytes of UTF-8.
+pub const MAX_NODE_ID_LEN: usize = 64;
+
+/// The stable, operator-visible name of a cluster member, such as `n0` or `db-7.eu`.
+///
+/// Valid names are 1 to [`MAX_NODE_ID_LEN`] bytes of printable UTF-8 with no whitespace:
+/// control characters and invisible formatting characters (zero-width spaces, bidirectional
+/// overrides, byte-order marks) are refused, because an operator could not tell two such names
+/// apart. A member's vnode tokens derive from its name, so a node that keeps its name keeps its
+/// ring positions across restarts.
+///
+/// Names order bytewise; that order breaks ties between equal tokens. Cloning is cheap (a
+/// reference count).
+#[derive(Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct NodeId(Arc<str>);
+
+impl NodeId {
+    /// Validates `name` and makes it a `NodeId`.
+    pub fn new(name: &str) -> Result<Self, Error> {
+        validate(name).map_err(|problem| Error::InvalidNodeId {
+            shown: shown(name),
+            problem,
+        })?;
+        Ok(NodeId(Arc::from(name)))
+    }
+
+    /// The name as a string slice.
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+
+    /// The name as bytes, exactly as hashed into tokens.
+    pub fn as_bytes(&self) -> &[u8] {
+        self.0.as_bytes()
+    }
+}
+
+fn validate(name: &str) -> Result<(), InvalidNodeId> {
+    if name.is_empty() {
+        return Err(InvalidNodeId::Empty);
+    }
+    if name.len() > MAX_NODE_ID_LEN {
+        return Err(InvalidNodeId::TooLong { len: name.len() });
+    }
+    for (at, c) in name.char_indices() {
+        if c.is_whitespace() {
+            return Err(InvalidNodeId::Whitespace { at });
+        }
+        if c.is_control() || is_invisible_format(c) {
+            return Err(InvalidNodeId::NotPrintable { at });
+        }
+    }
+    Ok(())
+}
+
+/// Format characters that render as nothing or reorder text, so two names would look alike.
+fn is_invisible_format(c: char) -> bool {
+    matches!(
+        c,
+        '\u{00AD}'
+            | '\u{061C}'
+            | '\u{180E}'
+            | '\u{200B}'..='\u{200F}'
+            | '\u{202A}'..='\u{202E}'
+            | '\u{2060}'..='\u{2064}'
+            | '\u{2066}'..='\u{206F}'
+            | '\u{FEFF}'
+            | '\u{FFF9}'..='\u{FFFB}'
+    )
+}
+
+/// The rejected input for an error message: escaped, and cut so that a megabyte of garbage
+/// does not become a megabyte of log line.
+fn shown(name: &str) -> String {
+    const SHOWN_CHARS: usize = 80;
+    let mut cut: String = name.chars().take(SHOWN_CHARS).collect();
+    if cut.len() < name.len() {
+        cut.push('…');
+    }
+    format!("{cut:?}")
+}
+
+impl FromStr for NodeId {
+    type Err = Error;
+
+    fn from_str(name: &str) -> Result<Self, Error> {
+        NodeId::new(name)
+    }
+}
+
+impl TryFrom<&str> for NodeId {
+    type Error = Error;
+
+    fn try_from(name: &str) -> Result<Self, Error> {
+        NodeId::new(name)
+    }
+}
+
+impl TryFrom<String> for NodeId {
+    type Error = Error;
+
+    fn try_from(name: String) -> Result<Self, Error> {
+        validate(&name).map_err(|problem| Error::InvalidNodeId {
+            shown: shown(&name),
+            problem,
+        })?;
+        Ok(NodeId(Arc::from(name)))
+    }
+}
+
+impl AsRef<str> for NodeId {
+    fn as_ref(&self) -> &str {
+        &self.0
+    }
+}
+
+impl Borrow<str> for NodeId {
+    fn borrow(&self) -> &str {
+        &self.0
+    }
+}
+
+impl fmt::Display for NodeId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl fmt::Debug for NodeId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "NodeId({:?})", &*self.0)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn accepts_ordinary_and_unicode_names() {
+        for name in ["n0", "db-7.eu", "ñodo_1", "x".repeat(64).as_str(), "節点"] {
+            assert_eq!(NodeId::new(name).unwrap().as_str(), name);
+        }
+    }
+
+    #[test]
+    fn refuses_bad_names_with_the_reason() {
+        let cases: &[(&str, InvalidNodeId)] = &[
+            ("", InvalidNodeId::Empty),
+            (&"x".repeat(65), InvalidNodeId::TooLong { len: 65 }),
+            ("a b", InvalidNodeId::Whitespace { at: 1 }),
+            ("a\u{3000}", InvalidNodeId::Whitespace { at: 1 }),
+            ("tab\t", InvalidNodeId::Whitespace { at: 3 }),
+            ("nul\0", InvalidNodeId::NotPrintable { at: 3 }),
+            ("esc\u{1b}[0m", InvalidNodeId::NotPrintable { at: 3 }),
+            ("zw\u{200B}j", InvalidNodeId::NotPrintable { at: 2 }),
+            ("\u{202E}evil", InvalidNodeId::NotPrintable { at: 0 }),
+        ];
+        for (name, problem) in cases {
+            match NodeId::new(name) {
+                Err(Error::InvalidNodeId { problem: got, .. }) => assert_eq!(got, *problem),
+                other => panic!("{name:?}: expected {problem:?}, got {other:?}"),
+            }
+        }
+    }
+
+    #[test]
+    fn error_message_is_clear_and_bounded() {
+        let err = NodeId::new("a b").unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            r#"invalid node id "a b": it contains whitespace at byte 1"#
+        );
+        let huge = "y".repeat(1 << 20);
+        let message = NodeId::new(&huge).unwrap_err().to_string();
+        assert!(message.len() < 200, "{message}");
+        assert!(message.contains("1048576 bytes long, at most 64"));
+    }
+
+    #[test]
+    fn four_byte_characters_count_as_bytes() {
+        // 16 four-byte characters are exactly 64 bytes; 17 are too many.
+        assert!(NodeId::new(&"🦀".repeat(16)).is_ok());
+        assert!(matches!(
+            NodeId::new(&"🦀".repeat(17)),
+            Err(Error::InvalidNodeId {
+                problem: InvalidNodeId::TooLong { len: 68 },
+                ..
+            })
+        ));
+    }
+}

@@ -1,0 +1,3 @@
+//! Integration and property tests of the token ring.
+
+mod ring_properties;
