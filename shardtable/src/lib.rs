@@ -39,5 +39,5 @@ pub use crate::diff::{ShardChange, TableDiff, diff};
 pub use crate::error::Error;
 pub use crate::placement::Placer;
 pub use crate::shard::{ShardCount, ShardId, jump_consistent_hash, shard_for};
-pub use crate::spec::{Epsilon, Placement, ReplicationFactor, TableSpec};
+pub use crate::spec::{Epsilon, LoadCaps, Placement, ReplicationFactor, TableSpec};
 pub use crate::table::{Replicas, ShardInfo, ShardTable, TableDigest};

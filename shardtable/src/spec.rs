@@ -201,6 +201,16 @@ impl FromStr for Placement {
     }
 }
 
+/// The most shards one member may hold and lead under the bounded placement; see
+/// [`TableSpec::load_caps`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LoadCaps {
+    /// The most shards a member holds, leading or not.
+    pub memberships: u32,
+    /// The most shards a member leads.
+    pub leaderships: u32,
+}
+
 /// Everything a [`ShardTable`](crate::ShardTable) is computed from, besides the ring: part of
 /// the cluster spec, fixed when the cluster is created.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
@@ -213,9 +223,78 @@ pub struct TableSpec {
     pub placement: Placement,
 }
 
+impl TableSpec {
+    /// The load caps of the bounded placement with `members` members; `None` for the plain walk,
+    /// which has none, or with no members.
+    ///
+    /// `cap = max(ceil((1000 + ε‰) · total / (1000 · N)), ceil(total / N))` in integers, where
+    /// `total` is `S · min(RF, N)` for memberships and `S` for leaderships.
+    pub fn load_caps(&self, members: usize) -> Option<LoadCaps> {
+        let epsilon = self.placement.epsilon()?;
+        if members == 0 {
+            return None;
+        }
+        let shards = self.shards.len();
+        let width = usize::from(self.replication_factor.get()).min(members);
+        Some(LoadCaps {
+            memberships: load_cap(shards * width, members, epsilon),
+            leaderships: load_cap(shards, members, epsilon),
+        })
+    }
+}
+
+/// The most of `total` units one of `members` (at least one) may hold:
+/// `max(ceil((1000 + ε‰) · total / (1000 · members)), ceil(total / members))`, in integers so
+/// every node and language computes the same cap.
+pub(crate) fn load_cap(total: usize, members: usize, epsilon: Epsilon) -> u32 {
+    let (total, members) = (total as u64, members as u64);
+    let slack = (1000 + u64::from(epsilon.permille())) * total;
+    let cap = slack.div_ceil(1000 * members).max(total.div_ceil(members));
+    // total ≤ 2^16 shards × 16 copies, so the cap fits in u32.
+    cap as u32
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn caps_match_design_md_at_ten_members() {
+        let spec = TableSpec::default();
+        let caps = |members| spec.load_caps(members).unwrap();
+        assert_eq!(
+            caps(10),
+            LoadCaps {
+                memberships: 338,
+                leaderships: 113
+            }
+        );
+        assert_eq!(caps(100).memberships, 34);
+        // With fewer members than copies, every member holds every shard.
+        assert_eq!(
+            caps(2),
+            LoadCaps {
+                memberships: 1127,
+                leaderships: 564
+            }
+        );
+        let tight = TableSpec {
+            placement: Placement::Bounded {
+                epsilon: Epsilon::from_permille(0).unwrap(),
+            },
+            ..spec
+        };
+        assert_eq!(tight.load_caps(10).unwrap().leaderships, 103);
+        assert_eq!(
+            TableSpec {
+                placement: Placement::Ring,
+                ..spec
+            }
+            .load_caps(10),
+            None
+        );
+        assert_eq!(spec.load_caps(0), None);
+    }
 
     #[test]
     fn epsilon_parses_exact_decimals() {
