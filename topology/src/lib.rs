@@ -26,6 +26,7 @@ mod error;
 mod node_id;
 mod ring;
 mod token;
+mod token_batch;
 
 pub use crate::error::{Error, InvalidNodeId};
 pub use crate::node_id::{MAX_NODE_ID_LEN, NodeId};
