@@ -81,15 +81,7 @@ fn dependencies_of(krate: &str, edges: &str, depth: Option<u32>) -> Vec<String> 
     let mut command = Command::new(cargo);
     command
         .current_dir(workspace_root())
-        .args([
-            "tree",
-            "--locked",
-            "--offline",
-            "--prefix",
-            "none",
-            "--edges",
-            edges,
-        ])
+        .args(["tree", "--locked", "--prefix", "none", "--edges", edges])
         .args(["--target", "all", "--format", "{p}", "--package", krate]);
     if let Some(depth) = depth {
         command.args(["--depth", &depth.to_string()]);
