@@ -1,7 +1,9 @@
 //! Property tests of placement, diffs and digests over random member sets and specs.
 //!
-//! A failure prints the minimal failing input; `PROPTEST_CASES=N` runs more cases, and
-//! proptest's persisted seeds (`tests/it/properties.proptest-regressions`) replay it.
+//! A failure prints the minimal failing input, and proptest saves its seed under
+//! `shardtable/tests/proptest-regressions/`, replaying it first on the next run of
+//! `cargo test -p shardtable --test it properties::` (commit that file with the fix).
+//! `PROPTEST_CASES=5000` runs more cases.
 
 use proptest::prelude::*;
 use shardtable::{Epsilon, Placement, ReplicationFactor, ShardCount, ShardTable, TableSpec, diff};
