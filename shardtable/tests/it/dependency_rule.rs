@@ -103,14 +103,20 @@ fn dependencies_of(krate: &str, edges: &str, depth: Option<u32>) -> Vec<String> 
     names
 }
 
+/// The crate names in `names` that `keep` accepts.
+fn names_where(names: &[String], keep: impl Fn(&str) -> bool) -> Vec<&str> {
+    names
+        .iter()
+        .map(String::as_str)
+        .filter(|name| keep(name))
+        .collect()
+}
+
 #[test]
 fn pure_crates_depend_only_on_allowed_crates() {
     for krate in PURE_CRATES {
         let direct = dependencies_of(krate, "normal", Some(1));
-        let unexpected: Vec<_> = direct
-            .iter()
-            .filter(|name| !DIRECT_ALLOWED.contains(&name.as_str()))
-            .collect();
+        let unexpected = names_where(&direct, |name| !DIRECT_ALLOWED.contains(&name));
         assert!(
             unexpected.is_empty(),
             "{krate} depends directly on {unexpected:?}"
@@ -121,18 +127,12 @@ fn pure_crates_depend_only_on_allowed_crates() {
             dependencies.iter().any(|name| name == krate),
             "cargo tree listed {dependencies:?}"
         );
-        let forbidden: Vec<_> = dependencies
-            .iter()
-            .filter(|name| FORBIDDEN.contains(&name.as_str()))
-            .collect();
+        let forbidden = names_where(&dependencies, |name| FORBIDDEN.contains(&name));
         assert!(
             forbidden.is_empty(),
             "{krate} depends on IO crates {forbidden:?}"
         );
-        let unexpected: Vec<_> = dependencies
-            .iter()
-            .filter(|name| !ALLOWED.contains(&name.as_str()))
-            .collect();
+        let unexpected = names_where(&dependencies, |name| !ALLOWED.contains(&name));
         assert!(
             unexpected.is_empty(),
             "{krate} depends on {unexpected:?}, which is not on the pure-crate allow-list; \
