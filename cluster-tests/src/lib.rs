@@ -1,0 +1,1 @@
+//! Multi-process tests of the `node` binary; the tests live in `tests/it`.

@@ -1,0 +1,1 @@
+//! One node's sans-IO cluster state (work in progress).

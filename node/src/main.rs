@@ -1,0 +1,3 @@
+//! The slotring node (work in progress).
+
+fn main() {}

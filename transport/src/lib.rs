@@ -1,0 +1,1 @@
+//! The QUIC endpoint of a slotring node (work in progress).
