@@ -1,0 +1,272 @@
+//! The messages nodes and the CLI exchange over request streams, and the datagram framing.
+//!
+//! Every stream frame body is an [`Envelope`]: a `u16` wire version, then the postcard-encoded
+//! message. Decoding checks the version, uses `take_from_bytes` and rejects trailing bytes;
+//! no wire type is recursive, so a hostile frame can cost at most its (transport-capped) size.
+//! A datagram is one tag byte ([`DATAGRAM_SWIM`]) followed by a foca packet.
+
+use core::net::SocketAddr;
+
+use serde::{Deserialize, Serialize, de::DeserializeOwned};
+
+use crate::Error;
+use crate::identity::{Identity, node_id_serde};
+use crate::spec::ClusterSpec;
+use topology::NodeId;
+
+/// The version every frame starts with; a peer speaking another one is refused with
+/// [`Error::WireVersion`].
+pub const WIRE_VERSION: u16 = 1;
+
+/// The tag byte of a datagram that carries a SWIM (foca) packet.
+pub const DATAGRAM_SWIM: u8 = 1;
+
+/// The longest key `shard-for` accepts, in bytes.
+pub const MAX_KEY_LEN: usize = 1024;
+
+/// A frame body: the version, then the message.
+#[derive(Debug, Serialize, Deserialize)]
+struct Envelope<T> {
+    version: u16,
+    message: T,
+}
+
+/// Encodes `message` in a versioned envelope.
+pub fn encode<T: Serialize>(message: &T) -> Vec<u8> {
+    let envelope = Envelope {
+        version: WIRE_VERSION,
+        message,
+    };
+    // Invariant: postcard's Vec serializer only fails on types serde cannot represent, and all
+    // wire types are plain data.
+    postcard::to_allocvec(&envelope).expect("wire types always serialize")
+}
+
+/// Decodes a versioned envelope, rejecting another version and trailing bytes.
+pub fn decode<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, Error> {
+    let (version, rest) =
+        postcard::take_from_bytes::<u16>(bytes).map_err(|e| Error::Decode(e.to_string()))?;
+    if version != WIRE_VERSION {
+        return Err(Error::WireVersion {
+            theirs: version,
+            ours: WIRE_VERSION,
+        });
+    }
+    let (message, rest) =
+        postcard::take_from_bytes::<T>(rest).map_err(|e| Error::Decode(e.to_string()))?;
+    if !rest.is_empty() {
+        return Err(Error::TrailingBytes { count: rest.len() });
+    }
+    Ok(message)
+}
+
+/// A SWIM member as gossiped: foca's own record (identity, incarnation, state).
+pub type WireMember = foca::Member<Identity>;
+
+/// What one peer asks another (node to node) or the CLI asks a node.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Request {
+    /// A node asks to join: it states who it is and, if it already knows one, its spec.
+    Join {
+        /// The joiner's node id (its certificate must name the same).
+        #[serde(with = "node_id_serde")]
+        node_id: NodeId,
+        /// The spec the joiner persisted or was given, if any.
+        spec: Option<ClusterSpec>,
+    },
+    /// Anti-entropy, step one: the sender's view in two digests.
+    Digest {
+        /// The sender's table digest.
+        table: [u8; 32],
+        /// The sender's membership digest (see [`crate::Cluster::membership_digest`]).
+        members: u64,
+    },
+    /// Anti-entropy, step two (push-pull): the sender's whole membership.
+    Sync {
+        /// Every member the sender knows, itself included.
+        members: Vec<WireMember>,
+    },
+    /// The sender is leaving the cluster for good (graceful shutdown).
+    Leaving {
+        /// The identity that leaves.
+        identity: Identity,
+    },
+    /// CLI: where shard `shard` lives.
+    ShardInfo {
+        /// The shard id as typed; checked against the shard count.
+        shard: u32,
+    },
+    /// CLI: which shard a key maps to.
+    ShardFor {
+        /// The key, at most [`MAX_KEY_LEN`] bytes.
+        key: Vec<u8>,
+    },
+    /// CLI: the membership list.
+    Members,
+    /// CLI: per-node load.
+    Status,
+    /// CLI: per-node ring ownership.
+    Ring,
+}
+
+/// The answer to a [`Request`].
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub enum Response {
+    /// The join is accepted: here are the spec and the membership.
+    Welcome {
+        /// The cluster's spec, to adopt.
+        spec: ClusterSpec,
+        /// Every member the answering node knows.
+        members: Vec<WireMember>,
+    },
+    /// The request is refused; nothing changed on the answering node.
+    Refused {
+        /// Why, for an operator.
+        reason: String,
+    },
+    /// The answer to [`Request::Digest`].
+    Digest {
+        /// The answering node's table digest.
+        table: [u8; 32],
+        /// The answering node's membership digest.
+        members: u64,
+    },
+    /// The answer to [`Request::Sync`]: the answering node's membership.
+    Sync {
+        /// Every member the answering node knows.
+        members: Vec<WireMember>,
+    },
+    /// Done; nothing to report.
+    Ack,
+    /// The answer to [`Request::ShardInfo`].
+    ShardInfo(ShardInfoView),
+    /// The answer to [`Request::ShardFor`].
+    ShardFor(ShardForView),
+    /// The answer to [`Request::Members`].
+    Members(MembersView),
+    /// The answer to [`Request::Status`].
+    Status(StatusView),
+    /// The answer to [`Request::Ring`].
+    Ring(RingView),
+}
+
+/// A node named with its address.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct NodeRef {
+    /// The node's id.
+    #[serde(with = "node_id_serde")]
+    pub id: NodeId,
+    /// Where it listens; `None` when the answering node does not know it.
+    pub addr: Option<SocketAddr>,
+}
+
+/// A replica of a shard and its role.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ReplicaView {
+    /// Which node.
+    pub node: NodeRef,
+    /// `leader` or `follower` (learners come with replication).
+    pub role: String,
+}
+
+/// Where a shard lives, as one node sees it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ShardInfoView {
+    /// The shard.
+    pub shard: u16,
+    /// `stable`, or `no-quorum` when the cluster has no members.
+    pub state: String,
+    /// The leader; `None` with no members.
+    pub leader: Option<NodeRef>,
+    /// Leader first, then followers.
+    pub replicas: Vec<ReplicaView>,
+    /// The replica set placement wants (the same as `replicas` until shards hold data).
+    pub target: Vec<String>,
+    /// The answering node's table digest, hex.
+    pub digest: String,
+}
+
+/// Which shard a key maps to.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ShardForView {
+    /// The shard.
+    pub shard: u16,
+    /// The shard's leader; `None` with no members.
+    pub leader: Option<NodeRef>,
+}
+
+/// One member as the answering node sees it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct MemberView {
+    /// The member's id.
+    #[serde(with = "node_id_serde")]
+    pub id: NodeId,
+    /// Where it listens.
+    pub addr: SocketAddr,
+    /// `alive`, `suspect`, `down` or `left`.
+    pub state: String,
+    /// The member's generation.
+    pub generation: u64,
+    /// The member's SWIM incarnation.
+    pub incarnation: u16,
+}
+
+/// The membership list.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct MembersView {
+    /// The answering node.
+    #[serde(with = "node_id_serde")]
+    pub node: NodeId,
+    /// Every member it knows, itself included, sorted by id.
+    pub members: Vec<MemberView>,
+}
+
+/// One node's load.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct NodeLoad {
+    /// The member.
+    pub member: MemberView,
+    /// Shards it leads.
+    pub leads: u32,
+    /// Shards it holds, leading or not.
+    pub replicates: u32,
+}
+
+/// The node-by-node load summary.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct StatusView {
+    /// The answering node.
+    #[serde(with = "node_id_serde")]
+    pub node: NodeId,
+    /// The cluster spec.
+    pub spec: ClusterSpec,
+    /// The answering node's table digest, hex.
+    pub digest: String,
+    /// Every known member with its load (zero for members off the ring).
+    pub nodes: Vec<NodeLoad>,
+    /// Shards that have no leader (only with no members at all).
+    pub shards_without_leader: u32,
+    /// Shards with fewer than `min(RF, members)` distinct replicas.
+    pub shards_under_replicated: u32,
+}
+
+/// One member's share of the ring.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct RingShare {
+    /// The member.
+    #[serde(with = "node_id_serde")]
+    pub id: NodeId,
+    /// Its vnode tokens.
+    pub tokens: u32,
+    /// The percent of the 64-bit ring its tokens own.
+    pub ownership: f64,
+}
+
+/// Ring ownership per member.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct RingView {
+    /// Vnodes per member.
+    pub vnodes: u32,
+    /// One entry per member on the ring, sorted by id.
+    pub nodes: Vec<RingShare>,
+}
