@@ -906,7 +906,7 @@ impl Cluster {
             .to_owned(),
             leader,
             replicas,
-            target: info.replicas().map(|node| node.to_string()).collect(),
+            target: info.replicas().map(ToString::to_string).collect(),
             digest: self.digest.to_string(),
         })
     }

@@ -1,0 +1,5 @@
+//! Integration tests of the cluster core on a deterministic in-memory network.
+
+mod membership;
+mod net;
+mod wire;

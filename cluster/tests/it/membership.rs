@@ -1,0 +1,254 @@
+//! Membership and placement on the virtual network: convergence, failure detection, pauses,
+//! leaves, restarts, and refusals.
+
+use std::time::Duration;
+
+use shardtable::Placer;
+use topology::TokenRing;
+
+use crate::net::{Net, name, seeds};
+
+const SECOND: Duration = Duration::from_secs(1);
+
+fn expected_digest(net: &Net, members: &[usize]) -> String {
+    let ring = TokenRing::from_members(net.spec.vnodes, members.iter().map(|&i| name(i)));
+    Placer::new(net.spec.table)
+        .place(&ring)
+        .digest()
+        .to_string()
+}
+
+fn five_nodes(seed: u64) -> Net {
+    let mut net = Net::new(seed);
+    net.start(0, None).unwrap();
+    for index in 1..5 {
+        net.start(index, Some(index - 1)).unwrap();
+        let now = net.now;
+        net.run_until(now + Duration::from_millis(50));
+    }
+    let now = net.now;
+    net.run_until(now + 2 * SECOND);
+    net
+}
+
+/// The first moment (from `since`) at which every live node's table digest is `digest`.
+fn time_to_agree(
+    net: &mut Net,
+    digest: &str,
+    since: Duration,
+    limit: Duration,
+) -> Option<Duration> {
+    let step = Duration::from_millis(10);
+    while net.now < since + limit {
+        let now = net.now;
+        net.run_until(now + step);
+        if net
+            .live()
+            .iter()
+            .all(|&i| net.core(i).digest().to_string() == digest)
+        {
+            return Some(net.now - since);
+        }
+    }
+    None
+}
+
+#[test]
+fn five_nodes_converge_on_the_same_table() {
+    for seed in seeds(10) {
+        let net = five_nodes(seed);
+        let want = expected_digest(&net, &[0, 1, 2, 3, 4]);
+        for index in 0..5 {
+            assert_eq!(
+                net.listed(index, "alive").len(),
+                5,
+                "{}",
+                net.replay_hint("converge")
+            );
+            assert_eq!(
+                net.core(index).digest().to_string(),
+                want,
+                "{}",
+                net.replay_hint("converge")
+            );
+            assert!(net.core(index).is_joined() || index == 0);
+        }
+    }
+}
+
+#[test]
+fn a_crashed_node_is_replaced_everywhere_within_a_second() {
+    let mut worst = Duration::ZERO;
+    for seed in seeds(30) {
+        let mut net = five_nodes(seed);
+        let victim = (seed % 5) as usize;
+        net.crash(victim);
+        let survivors: Vec<usize> = (0..5).filter(|&i| i != victim).collect();
+        let want = expected_digest(&net, &survivors);
+        let since = net.now;
+        let took = time_to_agree(&mut net, &want, since, 5 * SECOND)
+            .unwrap_or_else(|| panic!("never converged; {}", net.replay_hint("crashed")));
+        worst = worst.max(took);
+        for &index in &survivors {
+            assert_eq!(net.listed(index, "down"), vec![name(victim).to_string()]);
+        }
+    }
+    // Virtual time on a lossless 1–3 ms network: detection plus dissemination.
+    eprintln!("worst time for all survivors to agree after a crash: {worst:?}");
+    assert!(
+        worst < Duration::from_millis(1500),
+        "worst detection {worst:?}"
+    );
+}
+
+#[test]
+fn a_300ms_pause_declares_no_one_down() {
+    for seed in seeds(30) {
+        let mut net = five_nodes(seed);
+        let victim = (seed % 5) as usize;
+        let digest = net.core(0).digest();
+        net.pause(victim);
+        let now = net.now;
+        net.run_until(now + Duration::from_millis(300));
+        net.resume(victim);
+        let now = net.now;
+        net.run_until(now + 3 * SECOND);
+        for index in 0..5 {
+            let downs: Vec<_> = net.slots[index]
+                .events
+                .iter()
+                .filter(|(_, e)| matches!(e, cluster::Event::MemberDown(_)))
+                .collect();
+            assert!(
+                downs.is_empty(),
+                "node {index} saw {downs:?}; {}",
+                net.replay_hint("pause")
+            );
+            assert_eq!(
+                net.core(index).digest(),
+                digest,
+                "{}",
+                net.replay_hint("pause")
+            );
+        }
+    }
+}
+
+#[test]
+fn a_graceful_leave_is_listed_as_left_at_once() {
+    for seed in seeds(10) {
+        let mut net = five_nodes(seed);
+        net.leave(3);
+        let now = net.now;
+        net.run_until(now + Duration::from_millis(20));
+        for index in [0, 1, 2, 4] {
+            assert_eq!(
+                net.listed(index, "left"),
+                vec!["n3".to_owned()],
+                "{}",
+                net.replay_hint("leave")
+            );
+            assert_eq!(
+                net.core(index).digest().to_string(),
+                expected_digest(&net, &[0, 1, 2, 4])
+            );
+        }
+    }
+}
+
+#[test]
+fn a_restarted_node_rejoins_with_a_new_generation_and_the_table_returns() {
+    for seed in seeds(10) {
+        let mut net = five_nodes(seed);
+        let original = net.core(0).digest();
+        net.crash(2);
+        let now = net.now;
+        net.run_until(now + 3 * SECOND);
+        assert_ne!(net.core(0).digest(), original);
+        net.start(2, Some(0)).unwrap();
+        let now = net.now;
+        net.run_until(now + 2 * SECOND);
+        for index in 0..5 {
+            let view = net.core(index).members();
+            let n2 = view.members.iter().find(|m| m.id.as_str() == "n2").unwrap();
+            assert_eq!(
+                (n2.generation, n2.state.as_str()),
+                (2, "alive"),
+                "{}",
+                net.replay_hint("restarted")
+            );
+            assert_eq!(
+                net.core(index).digest(),
+                original,
+                "{}",
+                net.replay_hint("restarted")
+            );
+        }
+    }
+}
+
+#[test]
+fn a_node_with_another_spec_is_refused_and_changes_nothing() {
+    let mut net = five_nodes(1);
+    let digest = net.core(0).digest();
+    let mut other = net.spec.clone();
+    other.table.shards = shardtable::ShardCount::new(512).unwrap();
+    let refusal = net.start_with_spec(5, Some(0), other.clone()).unwrap_err();
+    assert!(refusal.contains("shards"), "{refusal}");
+    // Even if it gossips anyway (it was never welcomed, but knows an address), nobody adds it.
+    net.start_with_spec(5, None, other).unwrap();
+    let now = net.now;
+    net.run_until(now + 2 * SECOND);
+    for index in 0..5 {
+        assert_eq!(net.core(index).digest(), digest);
+        assert!(
+            net.core(index)
+                .members()
+                .members
+                .iter()
+                .all(|m| m.id.as_str() != "n5")
+        );
+    }
+}
+
+#[test]
+fn a_packet_claiming_another_identity_is_dropped() {
+    let mut net = five_nodes(2);
+    let now = net.now;
+    // A genuine SWIM packet from n1 (its join announcement), replayed by a peer whose
+    // certificate says n4.
+    let packet = {
+        let identity = |index: usize| cluster::Identity {
+            node_id: name(index),
+            addr: crate::net::addr(index),
+            generation: 1,
+            spec: net.spec.fingerprint(),
+            meta: cluster::NodeMeta::default(),
+        };
+        let mut core = cluster::Cluster::new(
+            now,
+            identity(1),
+            net.spec.clone(),
+            cluster::Config::default(),
+            9,
+        );
+        core.join(now, vec![foca::Member::alive(identity(0))]);
+        std::iter::from_fn(|| core.poll_transmit()).find_map(|t| match t {
+            cluster::Transmit::Datagram { payload, .. } => Some(payload),
+            _ => None,
+        })
+    };
+    let packet = packet.expect("a joining node announces itself");
+    {
+        let core = net.slots[0].core.as_mut().unwrap();
+        let error = core.handle_datagram(now, &name(4), &packet).unwrap_err();
+        assert!(
+            matches!(error, cluster::Error::IdentityMismatch { .. }),
+            "{error}"
+        );
+        assert_eq!(core.stats().identity_mismatches, 1);
+    }
+    let core = net.slots[0].core.as_mut().unwrap();
+    assert!(core.handle_datagram(now, &name(4), &[]).is_err());
+    assert!(core.handle_datagram(now, &name(4), &[9, 1, 2]).is_err());
+}

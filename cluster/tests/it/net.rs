@@ -1,0 +1,342 @@
+//! A deterministic in-memory network of [`Cluster`] cores on a virtual clock: datagrams take
+//! 1–3 ms, requests are answered at once, nodes can crash, pause and resume.
+
+use std::cmp::Reverse;
+use std::collections::{BTreeMap, BinaryHeap};
+use std::net::{Ipv4Addr, SocketAddr};
+use std::time::Duration;
+
+use cluster::wire::{Request, Response};
+use cluster::{Cluster, ClusterSpec, Config, Event, Identity, NodeMeta, Transmit};
+use rand::rngs::StdRng;
+use rand::{RngExt, SeedableRng};
+use shardtable::TableSpec;
+use topology::{NodeId, VnodeCount};
+
+pub(crate) fn spec() -> ClusterSpec {
+    ClusterSpec::new(
+        "test",
+        7,
+        TableSpec::default(),
+        VnodeCount::new(64).unwrap(),
+    )
+    .unwrap()
+}
+
+pub(crate) fn addr(index: usize) -> SocketAddr {
+    SocketAddr::from((Ipv4Addr::LOCALHOST, 7000 + index as u16))
+}
+
+pub(crate) fn name(index: usize) -> NodeId {
+    NodeId::new(&format!("n{index}")).unwrap()
+}
+
+struct InFlight {
+    at: Duration,
+    sequence: u64,
+    from: usize,
+    to: SocketAddr,
+    payload: Vec<u8>,
+}
+
+impl PartialEq for InFlight {
+    fn eq(&self, other: &Self) -> bool {
+        (self.at, self.sequence) == (other.at, other.sequence)
+    }
+}
+impl Eq for InFlight {}
+impl PartialOrd for InFlight {
+    fn partial_cmp(&self, other: &Self) -> Option<std::cmp::Ordering> {
+        Some(self.cmp(other))
+    }
+}
+impl Ord for InFlight {
+    fn cmp(&self, other: &Self) -> std::cmp::Ordering {
+        (self.at, self.sequence).cmp(&(other.at, other.sequence))
+    }
+}
+
+pub(crate) struct Slot {
+    pub(crate) core: Option<Cluster>,
+    pub(crate) paused: bool,
+    /// Datagrams that arrived while paused.
+    pub(crate) held: Vec<(usize, Vec<u8>)>,
+    pub(crate) events: Vec<(Duration, Event)>,
+    pub(crate) generation: u64,
+}
+
+pub(crate) struct Net {
+    pub(crate) now: Duration,
+    pub(crate) slots: Vec<Slot>,
+    pub(crate) seed: u64,
+    rng: StdRng,
+    flights: BinaryHeap<Reverse<InFlight>>,
+    sequence: u64,
+    pub(crate) spec: ClusterSpec,
+    /// Datagrams refused by a core, per receiver.
+    pub(crate) refused: BTreeMap<usize, usize>,
+}
+
+impl Net {
+    pub(crate) fn new(seed: u64) -> Self {
+        Net {
+            now: Duration::ZERO,
+            slots: Vec::new(),
+            seed,
+            rng: StdRng::seed_from_u64(seed),
+            flights: BinaryHeap::new(),
+            sequence: 0,
+            spec: spec(),
+            refused: BTreeMap::new(),
+        }
+    }
+
+    fn identity(&self, index: usize, generation: u64, spec: &ClusterSpec) -> Identity {
+        Identity {
+            node_id: name(index),
+            addr: addr(index),
+            generation,
+            spec: spec.fingerprint(),
+            meta: NodeMeta::default(),
+        }
+    }
+
+    /// Starts node `index` (a new slot or a restart with the next generation). With `seed_node`,
+    /// it joins through it like the daemon does: a Join request, then `join` with the welcome.
+    pub(crate) fn start(&mut self, index: usize, seed_node: Option<usize>) -> Result<(), String> {
+        self.start_with_spec(index, seed_node, self.spec.clone())
+    }
+
+    pub(crate) fn start_with_spec(
+        &mut self,
+        index: usize,
+        seed_node: Option<usize>,
+        spec: ClusterSpec,
+    ) -> Result<(), String> {
+        while self.slots.len() <= index {
+            self.slots.push(Slot {
+                core: None,
+                paused: false,
+                held: Vec::new(),
+                events: Vec::new(),
+                generation: 0,
+            });
+        }
+        let welcome = match seed_node {
+            Some(seed) => {
+                let request = Request::Join {
+                    node_id: name(index),
+                    spec: Some(spec.clone()),
+                };
+                let now = self.now;
+                let seed_core = self.slots[seed].core.as_mut().ok_or("seed is down")?;
+                match seed_core.handle_request(now, Some(&name(index)), request) {
+                    Response::Welcome { members, .. } => Some(members),
+                    Response::Refused { reason } => return Err(reason),
+                    other => return Err(format!("{other:?}")),
+                }
+            }
+            None => None,
+        };
+        self.slots[index].generation += 1;
+        let generation = self.slots[index].generation;
+        let identity = self.identity(index, generation, &spec);
+        let node_seed = self
+            .seed
+            .wrapping_mul(1000)
+            .wrapping_add(index as u64 * 7 + generation);
+        let mut core = Cluster::new(self.now, identity, spec, Config::default(), node_seed);
+        if let Some(members) = welcome {
+            core.join(self.now, members);
+        }
+        let slot = &mut self.slots[index];
+        slot.core = Some(core);
+        slot.paused = false;
+        slot.held.clear();
+        self.flush(index);
+        Ok(())
+    }
+
+    pub(crate) fn crash(&mut self, index: usize) {
+        self.slots[index].core = None;
+    }
+
+    pub(crate) fn pause(&mut self, index: usize) {
+        self.slots[index].paused = true;
+    }
+
+    pub(crate) fn resume(&mut self, index: usize) {
+        self.slots[index].paused = false;
+        let held = std::mem::take(&mut self.slots[index].held);
+        let now = self.now;
+        for (from, payload) in held {
+            self.deliver(now, from, index, &payload);
+        }
+        if let Some(core) = self.slots[index].core.as_mut() {
+            core.handle_timeout(now);
+        }
+        self.flush(index);
+    }
+
+    pub(crate) fn leave(&mut self, index: usize) {
+        let now = self.now;
+        if let Some(core) = self.slots[index].core.as_mut() {
+            core.leave(now);
+        }
+        self.flush(index);
+        self.slots[index].core = None;
+    }
+
+    fn index_of(&self, to: SocketAddr) -> Option<usize> {
+        (0..self.slots.len()).find(|&i| addr(i) == to)
+    }
+
+    fn deliver(&mut self, now: Duration, from: usize, to: usize, payload: &[u8]) {
+        let Some(core) = self.slots[to].core.as_mut() else {
+            return;
+        };
+        if core.handle_datagram(now, &name(from), payload).is_err() {
+            *self.refused.entry(to).or_default() += 1;
+        }
+        self.flush(to);
+    }
+
+    /// Carries out everything node `index` wants sent.
+    fn flush(&mut self, index: usize) {
+        loop {
+            let now = self.now;
+            let slot = &mut self.slots[index];
+            let Some(core) = slot.core.as_mut() else {
+                return;
+            };
+            while let Some(event) = core.poll_event() {
+                slot.events.push((now, event));
+            }
+            let Some(core) = self.slots[index].core.as_mut() else {
+                return;
+            };
+            let Some(transmit) = core.poll_transmit() else {
+                return;
+            };
+            match transmit {
+                Transmit::Datagram { to, payload, .. } => {
+                    let delay = Duration::from_micros(self.rng.random_range(1000..3000));
+                    self.sequence += 1;
+                    self.flights.push(Reverse(InFlight {
+                        at: now + delay,
+                        sequence: self.sequence,
+                        from: index,
+                        to,
+                        payload,
+                    }));
+                }
+                Transmit::Request {
+                    id, to, request, ..
+                } => {
+                    let answer = match self.index_of(to) {
+                        Some(target)
+                            if self.slots[target].core.is_some() && !self.slots[target].paused =>
+                        {
+                            let core = self.slots[target].core.as_mut().unwrap();
+                            let answer = core.handle_request(now, Some(&name(index)), request);
+                            self.flush(target);
+                            Ok(answer)
+                        }
+                        _ => Err("unreachable".to_owned()),
+                    };
+                    if let Some(core) = self.slots[index].core.as_mut() {
+                        core.handle_response(now, id, answer);
+                    }
+                }
+                Transmit::Connect { .. } | Transmit::Forget { .. } => {}
+            }
+        }
+    }
+
+    /// Runs the network until `until` (virtual time).
+    pub(crate) fn run_until(&mut self, until: Duration) {
+        loop {
+            let next_flight = self.flights.peek().map(|Reverse(f)| f.at);
+            let next_timer = self
+                .slots
+                .iter()
+                .filter(|slot| !slot.paused)
+                .filter_map(|slot| slot.core.as_ref()?.poll_timeout())
+                .min();
+            let next = match (next_flight, next_timer) {
+                (Some(a), Some(b)) => a.min(b),
+                (Some(a), None) | (None, Some(a)) => a,
+                (None, None) => until,
+            };
+            if next > until {
+                self.now = until;
+                return;
+            }
+            self.now = self.now.max(next);
+            let now = self.now;
+            // Network input first, then timers, like the node's biased loop.
+            while self.flights.peek().is_some_and(|Reverse(f)| f.at <= now) {
+                let Reverse(flight) = self.flights.pop().unwrap();
+                let Some(to) = self.index_of(flight.to) else {
+                    continue;
+                };
+                if self.slots[to].paused {
+                    self.slots[to].held.push((flight.from, flight.payload));
+                } else {
+                    self.deliver(now, flight.from, to, &flight.payload);
+                }
+            }
+            for index in 0..self.slots.len() {
+                if self.slots[index].paused {
+                    continue;
+                }
+                let Some(core) = self.slots[index].core.as_mut() else {
+                    continue;
+                };
+                if core.poll_timeout().is_some_and(|at| at <= now) {
+                    core.handle_timeout(now);
+                    self.flush(index);
+                }
+            }
+        }
+    }
+
+    pub(crate) fn core(&self, index: usize) -> &Cluster {
+        self.slots[index].core.as_ref().expect("node is running")
+    }
+
+    pub(crate) fn live(&self) -> Vec<usize> {
+        (0..self.slots.len())
+            .filter(|&i| self.slots[i].core.is_some())
+            .collect()
+    }
+
+    /// Members node `index` lists in `state`.
+    pub(crate) fn listed(&self, index: usize, state: &str) -> Vec<String> {
+        self.core(index)
+            .members()
+            .members
+            .into_iter()
+            .filter(|m| m.state == state)
+            .map(|m| m.id.to_string())
+            .collect()
+    }
+
+    pub(crate) fn replay_hint(&self, test: &str) -> String {
+        format!(
+            "seed {}: replay with SLOTRING_SEED={} cargo test -p cluster --test it {test}",
+            self.seed, self.seed
+        )
+    }
+}
+
+/// The seeds a test runs: `SLOTRING_SEED` alone if set, else `0..count`.
+pub(crate) fn seeds(count: u64) -> Vec<u64> {
+    match std::env::var("SLOTRING_SEED")
+        .ok()
+        .and_then(|s| s.parse().ok())
+    {
+        Some(seed) => vec![seed],
+        None => (0..count).collect(),
+    }
+}

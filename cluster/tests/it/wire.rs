@@ -1,0 +1,61 @@
+//! Peer bytes never panic: arbitrary frames and datagrams are errors, and roundtrips hold.
+
+use cluster::wire::{self, Request, Response};
+use proptest::prelude::*;
+
+use crate::net::{Net, name};
+
+proptest! {
+    #[test]
+    fn arbitrary_frames_never_panic(bytes in proptest::collection::vec(any::<u8>(), 0..512)) {
+        let _ = wire::decode::<Request>(&bytes);
+        let _ = wire::decode::<Response>(&bytes);
+    }
+
+    #[test]
+    fn arbitrary_datagrams_never_panic(bytes in proptest::collection::vec(any::<u8>(), 0..512)) {
+        let mut net = Net::new(0);
+        net.start(0, None).unwrap();
+        let core = net.slots[0].core.as_mut().unwrap();
+        let mut datagram = vec![wire::DATAGRAM_SWIM];
+        datagram.extend_from_slice(&bytes);
+        let _ = core.handle_datagram(std::time::Duration::ZERO, &name(1), &datagram);
+        let _ = core.handle_datagram(std::time::Duration::ZERO, &name(1), &bytes);
+    }
+
+    #[test]
+    fn shard_for_roundtrips(key in proptest::collection::vec(any::<u8>(), 0..64)) {
+        let request = Request::ShardFor { key };
+        let bytes = wire::encode(&request);
+        prop_assert_eq!(wire::decode::<Request>(&bytes).unwrap(), request);
+    }
+}
+
+#[test]
+fn trailing_bytes_and_other_versions_are_refused() {
+    let mut bytes = wire::encode(&Request::Members);
+    assert!(wire::decode::<Request>(&bytes).is_ok());
+    bytes.push(0);
+    assert!(matches!(
+        wire::decode::<Request>(&bytes),
+        Err(cluster::Error::TrailingBytes { count: 1 })
+    ));
+    let mut other_version = wire::encode(&Request::Members);
+    other_version[0] = 2;
+    assert!(matches!(
+        wire::decode::<Request>(&other_version),
+        Err(cluster::Error::WireVersion { theirs: 2, .. })
+    ));
+}
+
+#[test]
+fn an_invalid_node_id_in_a_frame_is_an_error() {
+    // A Join whose node id has a space: postcard string "a b".
+    let mut bytes = wire::encode(&Request::Join {
+        node_id: name(1),
+        spec: None,
+    });
+    let at = bytes.iter().position(|&b| b == b'n').unwrap();
+    bytes[at] = b' ';
+    assert!(wire::decode::<Request>(&bytes).is_err());
+}
