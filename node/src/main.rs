@@ -1,3 +1,203 @@
-//! The slotring node (work in progress).
+//! `node`: the slotring daemon and its command-line client, in one binary.
+//!
+//! Without a subcommand it runs the daemon (`node --listen ADDR [--join ADDR,...]`); with one it
+//! makes certificates (`certs`) or asks a running node (`shard-info`, `members`, ...). See
+//! `docs/operator.md`.
 
-fn main() {}
+mod cli;
+mod daemon;
+mod datadir;
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::Duration;
+
+use clap::{Args, Parser, Subcommand, ValueEnum};
+
+/// The slotring node: run the daemon, or ask a running one.
+#[derive(Debug, Parser)]
+#[command(name = "node", version, args_conflicts_with_subcommands = true)]
+struct Cli {
+    #[command(subcommand)]
+    command: Option<Command>,
+    #[command(flatten)]
+    daemon: DaemonArgs,
+}
+
+/// The daemon's flags.
+#[derive(Debug, Args)]
+pub(crate) struct DaemonArgs {
+    /// The UDP address to listen on for QUIC (peers and clients).
+    #[arg(long, env = "SLOTRING_LISTEN")]
+    pub(crate) listen: Option<SocketAddr>,
+    /// Seeds to join through, comma separated; without it this node bootstraps a new cluster
+    /// (or restarts alone from its data dir).
+    #[arg(long, env = "SLOTRING_JOIN", value_delimiter = ',')]
+    pub(crate) join: Vec<SocketAddr>,
+    /// This node's id; defaults to the one stored in the data dir.
+    #[arg(long, env = "SLOTRING_NODE_ID")]
+    pub(crate) node_id: Option<String>,
+    /// Where the node keeps its id, generation, cluster spec and lock.
+    #[arg(long, env = "SLOTRING_DATA_DIR", default_value = "./data")]
+    pub(crate) data_dir: PathBuf,
+    /// Where the cluster CA and this node's certificate live.
+    #[arg(long, env = "SLOTRING_CERTS_DIR", default_value = "./certs")]
+    pub(crate) certs_dir: PathBuf,
+    /// Bootstrap only: the cluster's name.
+    #[arg(long, env = "SLOTRING_CLUSTER_NAME")]
+    pub(crate) cluster_name: Option<String>,
+    /// Bootstrap only (default 1024): how many shards the key space is cut into, forever.
+    #[arg(long, env = "SLOTRING_SHARDS")]
+    pub(crate) shards: Option<u32>,
+    /// Bootstrap only (default 3): copies of each shard.
+    #[arg(long, env = "SLOTRING_REPLICATION_FACTOR")]
+    pub(crate) replication_factor: Option<u8>,
+    /// Bootstrap only (default 256): vnodes per member on the ring.
+    #[arg(long, env = "SLOTRING_VNODES")]
+    pub(crate) vnodes: Option<u32>,
+    /// Bootstrap only (default bounded): `bounded` (balanced) or `ring` (plain walk).
+    #[arg(long, env = "SLOTRING_PLACEMENT")]
+    pub(crate) placement: Option<shardtable::Placement>,
+    /// How long to keep trying the seeds before giving up, in seconds.
+    #[arg(long, env = "SLOTRING_JOIN_TIMEOUT", default_value_t = 30)]
+    pub(crate) join_timeout: u64,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Make the cluster CA or a node certificate.
+    #[command(subcommand)]
+    Certs(CertsCommand),
+    /// Where a shard lives: leader, replicas, target.
+    ShardInfo {
+        /// The shard id.
+        shard: u32,
+        #[command(flatten)]
+        query: QueryArgs,
+    },
+    /// Which shard a key maps to, and its leader.
+    ShardFor {
+        /// The key (UTF-8 as typed).
+        key: String,
+        #[command(flatten)]
+        query: QueryArgs,
+    },
+    /// The membership list as the node sees it.
+    Members {
+        #[command(flatten)]
+        query: QueryArgs,
+    },
+    /// Each node with the shards it leads and replicates.
+    Status {
+        #[command(flatten)]
+        query: QueryArgs,
+    },
+    /// Each node's share of the token ring.
+    Ring {
+        #[command(flatten)]
+        query: QueryArgs,
+    },
+    /// Checks every shard is placed and every node agrees on the table; exit 1 if not.
+    Check {
+        #[command(flatten)]
+        query: QueryArgs,
+    },
+}
+
+#[derive(Debug, Subcommand)]
+enum CertsCommand {
+    /// Create the cluster CA and the CLI's client certificate.
+    Init {
+        /// Where to write them.
+        #[arg(long, env = "SLOTRING_CERTS_DIR", default_value = "./certs")]
+        certs_dir: PathBuf,
+    },
+    /// Issue a node certificate signed by the cluster CA.
+    Issue {
+        /// The node id the certificate names.
+        node_id: String,
+        /// Where the CA is and the certificate goes.
+        #[arg(long, env = "SLOTRING_CERTS_DIR", default_value = "./certs")]
+        certs_dir: PathBuf,
+    },
+}
+
+/// Flags shared by every query.
+#[derive(Debug, Args)]
+pub(crate) struct QueryArgs {
+    /// The node to ask.
+    #[arg(
+        short = 'a',
+        long = "addr",
+        env = "SLOTRING_ADDR",
+        default_value = "127.0.0.1:7000"
+    )]
+    pub(crate) addr: SocketAddr,
+    /// Output format.
+    #[arg(
+        short = 'o',
+        long = "output",
+        env = "SLOTRING_OUTPUT",
+        default_value = "table"
+    )]
+    pub(crate) output: Output,
+    /// Where the cluster CA and the client certificate live.
+    #[arg(long, env = "SLOTRING_CERTS_DIR", default_value = "./certs")]
+    pub(crate) certs_dir: PathBuf,
+    /// How long to wait for the answer, in seconds.
+    #[arg(long, env = "SLOTRING_TIMEOUT", default_value_t = 5)]
+    pub(crate) timeout: u64,
+}
+
+impl QueryArgs {
+    pub(crate) fn timeout(&self) -> Duration {
+        Duration::from_secs(self.timeout.max(1))
+    }
+}
+
+/// How a query prints its answer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub(crate) enum Output {
+    /// Aligned text for people.
+    Table,
+    /// One JSON object with `"version": 1`.
+    Json,
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+    {
+        Ok(runtime) => runtime,
+        Err(error) => {
+            eprintln!("error: starting the async runtime: {error}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let result = match cli.command {
+        None => runtime.block_on(daemon::run(cli.daemon)),
+        Some(Command::Certs(CertsCommand::Init { certs_dir })) => cli::certs_init(&certs_dir),
+        Some(Command::Certs(CertsCommand::Issue { node_id, certs_dir })) => {
+            cli::certs_issue(&certs_dir, &node_id)
+        }
+        Some(Command::ShardInfo { shard, query }) => {
+            runtime.block_on(cli::shard_info(shard, &query))
+        }
+        Some(Command::ShardFor { key, query }) => runtime.block_on(cli::shard_for(&key, &query)),
+        Some(Command::Members { query }) => runtime.block_on(cli::members(&query)),
+        Some(Command::Status { query }) => runtime.block_on(cli::status(&query)),
+        Some(Command::Ring { query }) => runtime.block_on(cli::ring(&query)),
+        Some(Command::Check { query }) => runtime.block_on(cli::check(&query)),
+    };
+    match result {
+        Ok(code) => code,
+        Err(error) => {
+            eprintln!("error: {error:#}");
+            ExitCode::FAILURE
+        }
+    }
+}

@@ -1,0 +1,389 @@
+//! The command-line client: certificates, and queries to a running node rendered as a table or
+//! as versioned JSON.
+
+use std::fmt::Write as _;
+use std::net::SocketAddr;
+use std::path::Path;
+use std::process::ExitCode;
+
+use anyhow::{Context, Result, bail};
+use bytes::Bytes;
+use cluster::wire::{self, NodeRef, Request, Response, StatusView};
+use serde_json::{Value, json};
+use topology::NodeId;
+use transport::{ClientTls, Endpoint, Limits};
+
+use crate::{Output, QueryArgs};
+
+/// `node certs init`.
+pub(crate) fn certs_init(dir: &Path) -> Result<ExitCode> {
+    transport::pki::init_cluster_ca(dir)?;
+    println!(
+        "wrote the cluster CA and the client certificate to {}",
+        dir.display()
+    );
+    Ok(ExitCode::SUCCESS)
+}
+
+/// `node certs issue NODE_ID`.
+pub(crate) fn certs_issue(dir: &Path, node_id: &str) -> Result<ExitCode> {
+    let node = NodeId::new(node_id).context("node id")?;
+    transport::pki::issue_node_cert(dir, &node)?;
+    println!("wrote {0}/{node}.crt and {0}/{node}.key", dir.display());
+    Ok(ExitCode::SUCCESS)
+}
+
+/// A client endpoint with the CLI's certificate.
+fn client(query: &QueryArgs) -> Result<Endpoint> {
+    let tls = ClientTls::load(&query.certs_dir)?;
+    Ok(Endpoint::client(tls, Limits::default())?)
+}
+
+async fn ask(
+    endpoint: &Endpoint,
+    addr: SocketAddr,
+    request: &Request,
+    query: &QueryArgs,
+) -> Result<Response> {
+    let body = Bytes::from(wire::encode(request));
+    let answer = endpoint
+        .request(addr, None, body, query.timeout())
+        .await
+        .with_context(|| format!("asking {addr}"))?;
+    match wire::decode::<Response>(&answer).with_context(|| format!("decoding {addr}'s answer"))? {
+        Response::Refused { reason } => bail!("{addr}: {reason}"),
+        response => Ok(response),
+    }
+}
+
+fn node_json(node: &Option<NodeRef>) -> Value {
+    match node {
+        Some(node) => json!({"id": node.id.as_str(), "addr": node.addr.map(|a| a.to_string())}),
+        None => Value::Null,
+    }
+}
+
+fn addr_text(node: &NodeRef) -> String {
+    node.addr
+        .map_or_else(|| "?".to_owned(), |addr| addr.to_string())
+}
+
+fn print_json(value: &Value) {
+    println!(
+        "{}",
+        serde_json::to_string_pretty(value).unwrap_or_default()
+    );
+}
+
+/// Lays out rows with columns padded to the widest cell.
+fn table(rows: &[Vec<String>]) -> String {
+    let columns = rows.iter().map(Vec::len).max().unwrap_or(0);
+    let widths: Vec<usize> = (0..columns)
+        .map(|c| {
+            rows.iter()
+                .filter_map(|r| r.get(c))
+                .map(|cell| cell.chars().count())
+                .max()
+                .unwrap_or(0)
+        })
+        .collect();
+    let mut out = String::new();
+    for row in rows {
+        let line: Vec<String> = row
+            .iter()
+            .enumerate()
+            .map(|(c, cell)| format!("{cell:<width$}", width = widths[c]))
+            .collect();
+        let _ = writeln!(out, "{}", line.join("  ").trim_end());
+    }
+    out
+}
+
+/// `node shard-info SHARD`.
+pub(crate) async fn shard_info(shard: u32, query: &QueryArgs) -> Result<ExitCode> {
+    let endpoint = client(query)?;
+    let Response::ShardInfo(view) =
+        ask(&endpoint, query.addr, &Request::ShardInfo { shard }, query).await?
+    else {
+        bail!("unexpected answer from {}", query.addr);
+    };
+    match query.output {
+        Output::Json => print_json(&json!({
+            "version": 1,
+            "shard": view.shard,
+            "epoch": Value::Null,
+            "state": view.state,
+            "leader": node_json(&view.leader),
+            "replicas": view.replicas.iter().map(|r| json!({
+                "id": r.node.id.as_str(),
+                "addr": r.node.addr.map(|a| a.to_string()),
+                "role": r.role,
+            })).collect::<Vec<_>>(),
+            "target": view.target,
+            "digest": view.digest,
+        })),
+        Output::Table => {
+            println!(
+                "shard {}  state {}  (table {})",
+                view.shard,
+                view.state,
+                &view.digest[..16]
+            );
+            let mut rows = vec![vec![
+                "ROLE".to_owned(),
+                "NODE".to_owned(),
+                "ADDRESS".to_owned(),
+            ]];
+            for replica in &view.replicas {
+                rows.push(vec![
+                    replica.role.clone(),
+                    replica.node.id.to_string(),
+                    addr_text(&replica.node),
+                ]);
+            }
+            print!("{}", table(&rows));
+            println!("target: {}", view.target.join(" "));
+        }
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// `node shard-for KEY`.
+pub(crate) async fn shard_for(key: &str, query: &QueryArgs) -> Result<ExitCode> {
+    let endpoint = client(query)?;
+    let request = Request::ShardFor {
+        key: key.as_bytes().to_vec(),
+    };
+    let Response::ShardFor(view) = ask(&endpoint, query.addr, &request, query).await? else {
+        bail!("unexpected answer from {}", query.addr);
+    };
+    match query.output {
+        Output::Json => print_json(&json!({
+            "version": 1,
+            "key": key,
+            "shard": view.shard,
+            "leader": node_json(&view.leader),
+        })),
+        Output::Table => match &view.leader {
+            Some(leader) => println!(
+                "key {key:?} -> shard {} (leader {} at {})",
+                view.shard,
+                leader.id,
+                addr_text(leader)
+            ),
+            None => println!("key {key:?} -> shard {} (no leader)", view.shard),
+        },
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// `node members`.
+pub(crate) async fn members(query: &QueryArgs) -> Result<ExitCode> {
+    let endpoint = client(query)?;
+    let Response::Members(view) = ask(&endpoint, query.addr, &Request::Members, query).await?
+    else {
+        bail!("unexpected answer from {}", query.addr);
+    };
+    match query.output {
+        Output::Json => print_json(&json!({
+            "version": 1,
+            "node": view.node.as_str(),
+            "members": view.members.iter().map(|m| json!({
+                "id": m.id.as_str(),
+                "addr": m.addr.to_string(),
+                "state": m.state,
+                "generation": m.generation,
+                "incarnation": m.incarnation,
+            })).collect::<Vec<_>>(),
+        })),
+        Output::Table => {
+            let mut rows = vec![
+                ["ID", "ADDRESS", "STATE", "GENERATION"]
+                    .map(str::to_owned)
+                    .to_vec(),
+            ];
+            for m in &view.members {
+                rows.push(vec![
+                    m.id.to_string(),
+                    m.addr.to_string(),
+                    m.state.clone(),
+                    m.generation.to_string(),
+                ]);
+            }
+            print!("{}", table(&rows));
+        }
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+fn status_json(view: &StatusView) -> Value {
+    json!({
+        "version": 1,
+        "node": view.node.as_str(),
+        "digest": view.digest,
+        "cluster": view.spec.cluster_name,
+        "shards": view.spec.table.shards.get(),
+        "replication_factor": view.spec.table.replication_factor.get(),
+        "vnodes": view.spec.vnodes.get(),
+        "placement": view.spec.table.placement.to_string(),
+        "nodes": view.nodes.iter().map(|n| json!({
+            "id": n.member.id.as_str(),
+            "addr": n.member.addr.to_string(),
+            "state": n.member.state,
+            "generation": n.member.generation,
+            "leads": n.leads,
+            "replicates": n.replicates,
+        })).collect::<Vec<_>>(),
+    })
+}
+
+/// `node status`.
+pub(crate) async fn status(query: &QueryArgs) -> Result<ExitCode> {
+    let endpoint = client(query)?;
+    let Response::Status(view) = ask(&endpoint, query.addr, &Request::Status, query).await? else {
+        bail!("unexpected answer from {}", query.addr);
+    };
+    match query.output {
+        Output::Json => print_json(&status_json(&view)),
+        Output::Table => {
+            println!("{}", view.spec);
+            println!("table {} as seen by {}", view.digest, view.node);
+            let mut rows = vec![
+                ["ID", "ADDRESS", "STATE", "GEN", "LEADS", "REPLICAS"]
+                    .map(str::to_owned)
+                    .to_vec(),
+            ];
+            for n in &view.nodes {
+                rows.push(vec![
+                    n.member.id.to_string(),
+                    n.member.addr.to_string(),
+                    n.member.state.clone(),
+                    n.member.generation.to_string(),
+                    n.leads.to_string(),
+                    n.replicates.to_string(),
+                ]);
+            }
+            print!("{}", table(&rows));
+        }
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// `node ring`.
+pub(crate) async fn ring(query: &QueryArgs) -> Result<ExitCode> {
+    let endpoint = client(query)?;
+    let Response::Ring(view) = ask(&endpoint, query.addr, &Request::Ring, query).await? else {
+        bail!("unexpected answer from {}", query.addr);
+    };
+    match query.output {
+        Output::Json => print_json(&json!({
+            "version": 1,
+            "vnodes": view.vnodes,
+            "nodes": view.nodes.iter().map(|n| json!({
+                "id": n.id.as_str(),
+                "tokens": n.tokens,
+                "ownership": n.ownership,
+            })).collect::<Vec<_>>(),
+        })),
+        Output::Table => {
+            let mut rows = vec![["ID", "TOKENS", "OWNS"].map(str::to_owned).to_vec()];
+            for n in &view.nodes {
+                rows.push(vec![
+                    n.id.to_string(),
+                    n.tokens.to_string(),
+                    format!("{:.2}%", n.ownership),
+                ]);
+            }
+            print!("{}", table(&rows));
+        }
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// `node check`: asks the given node for the membership, then every live member for its table
+/// digest; every shard must be placed and every digest equal.
+pub(crate) async fn check(query: &QueryArgs) -> Result<ExitCode> {
+    let endpoint = client(query)?;
+    let Response::Status(view) = ask(&endpoint, query.addr, &Request::Status, query).await? else {
+        bail!("unexpected answer from {}", query.addr);
+    };
+    let mut checks: Vec<(bool, String)> = Vec::new();
+    let live: Vec<_> = view
+        .nodes
+        .iter()
+        .filter(|n| n.member.state == "alive" || n.member.state == "suspect")
+        .collect();
+    let shards = view.spec.table.shards.get();
+    checks.push((
+        view.shards_without_leader == 0,
+        format!(
+            "{} of {shards} shards have a leader",
+            shards - view.shards_without_leader
+        ),
+    ));
+    let rf = u32::from(view.spec.table.replication_factor.get())
+        .min(u32::try_from(live.len()).unwrap_or(u32::MAX));
+    checks.push((
+        view.shards_under_replicated == 0,
+        format!(
+            "{} of {shards} shards have {rf} replicas",
+            shards - view.shards_under_replicated
+        ),
+    ));
+    let mut agree = 0;
+    for node in &live {
+        match ask(&endpoint, node.member.addr, &Request::Status, query).await {
+            Ok(Response::Status(theirs)) if theirs.digest == view.digest => agree += 1,
+            Ok(Response::Status(theirs)) => checks.push((
+                false,
+                format!(
+                    "{} sees table {}, {} sees {}",
+                    theirs.node,
+                    &theirs.digest[..16],
+                    view.node,
+                    &view.digest[..16]
+                ),
+            )),
+            Ok(_) => checks.push((false, format!("{} answered status oddly", node.member.id))),
+            Err(error) => checks.push((
+                false,
+                format!("{} is unreachable: {error:#}", node.member.id),
+            )),
+        }
+    }
+    checks.push((
+        agree == live.len(),
+        format!(
+            "{agree} of {} live nodes agree on table {}",
+            live.len(),
+            &view.digest[..16]
+        ),
+    ));
+    let down: Vec<String> = view
+        .nodes
+        .iter()
+        .filter(|n| n.member.state == "down")
+        .map(|n| n.member.id.to_string())
+        .collect();
+    if !down.is_empty() {
+        checks.push((false, format!("down: {}", down.join(", "))));
+    }
+    let ok = checks.iter().all(|(ok, _)| *ok);
+    match query.output {
+        Output::Json => print_json(&json!({
+            "version": 1,
+            "ok": ok,
+            "checks": checks.iter().map(|(ok, message)| json!({"ok": ok, "message": message})).collect::<Vec<_>>(),
+        })),
+        Output::Table => {
+            for (ok, message) in &checks {
+                println!("[{}] {message}", if *ok { "OK" } else { "ERR" });
+            }
+        }
+    }
+    Ok(if ok {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::FAILURE
+    })
+}

@@ -1,0 +1,468 @@
+//! The daemon: opens the data dir, joins or bootstraps, then runs the one loop that owns the
+//! cluster core.
+
+use std::process::ExitCode;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result, bail};
+use bytes::Bytes;
+use cluster::wire::{self, Request, Response, WireMember};
+use cluster::{Cluster, ClusterSpec, Event, Identity, NodeMeta, RequestId, Transmit};
+use shardtable::{Placement, ReplicationFactor, ShardCount, TableSpec};
+use tokio::sync::mpsc;
+use topology::{NodeId, VnodeCount};
+use tracing::{Instrument, debug, info, warn};
+use transport::{Endpoint, Inbound, Limits, NodeTls, PeerIdentity, RequestError};
+
+use crate::DaemonArgs;
+use crate::datadir::DataDir;
+
+/// How long a peer request (sync, leave notice) may take.
+const PEER_REQUEST_TIMEOUT: Duration = Duration::from_secs(2);
+/// How long a graceful leave waits for its notices to be acknowledged.
+const LEAVE_GRACE: Duration = Duration::from_millis(1500);
+
+/// Runs the daemon until SIGTERM/SIGINT (exit 0 after a graceful leave) or a fatal error.
+pub(crate) async fn run(args: DaemonArgs) -> Result<ExitCode> {
+    let Some(listen) = args.listen else {
+        eprintln!("error: the daemon needs --listen ADDR (or SLOTRING_LISTEN); see node --help");
+        return Ok(ExitCode::from(2));
+    };
+    let data_dir = DataDir::open(&args.data_dir)?;
+    let stored = data_dir.node_id()?;
+    let node_id = match (&args.node_id, &stored) {
+        (Some(given), Some((stored, _))) if given != stored.as_str() => bail!(
+            "the data dir {} belongs to node {stored}, not {given}",
+            args.data_dir.display()
+        ),
+        (Some(given), _) => NodeId::new(given).context("--node-id")?,
+        (None, Some((stored, _))) => stored.clone(),
+        (None, None) => bail!(
+            "no node id: pass --node-id (the data dir {} has none yet)",
+            args.data_dir.display()
+        ),
+    };
+    let generation = stored.map_or(1, |(_, generation)| generation + 1);
+    data_dir.store_node(&node_id, generation)?;
+
+    init_tracing(&node_id);
+    let span = tracing::info_span!("node", id = %node_id);
+    async move {
+        let tls = NodeTls::load(&args.certs_dir, &node_id)?;
+        let (endpoint, inbound) = Endpoint::bind(listen, tls, Limits::default())
+            .with_context(|| format!("listening on {listen}"))?;
+        let listen = endpoint.local_addr();
+        let flags = SpecFlags::from(&args);
+        let stored_spec = data_dir.spec()?;
+        if let Some(spec) = &stored_spec {
+            flags.check(spec, "the spec stored in the data dir")?;
+        }
+        let started = Instant::now();
+        let (spec, welcome) = if args.join.is_empty() {
+            let spec = match stored_spec {
+                Some(spec) => spec,
+                None => {
+                    let spec = flags.bootstrap()?;
+                    info!(%spec, "bootstrapping a new cluster");
+                    spec
+                }
+            };
+            (spec, Vec::new())
+        } else {
+            let deadline = started + Duration::from_secs(args.join_timeout);
+            let (spec, members) = join(
+                &endpoint,
+                &args.join,
+                &node_id,
+                stored_spec.clone(),
+                deadline,
+            )
+            .await?;
+            flags.check(&spec, "the cluster")?;
+            if let Some(stored) = &stored_spec
+                && stored != &spec
+            {
+                bail!(
+                    "refused: this data dir belongs to another cluster: {}",
+                    stored
+                        .differences("the data dir", "the cluster", &spec)
+                        .join("; ")
+                );
+            }
+            (spec, members)
+        };
+        data_dir.store_spec(&spec)?;
+        let identity = Identity {
+            node_id: node_id.clone(),
+            addr: listen,
+            generation,
+            spec: spec.fingerprint(),
+            meta: NodeMeta::default(),
+        };
+        info!(%listen, generation, %spec, "node up");
+        let seed = rand::random::<u64>();
+        let core = Cluster::new(
+            started.elapsed(),
+            identity,
+            spec,
+            cluster::Config::default(),
+            seed,
+        );
+        let mut node = NodeLoop::new(core, endpoint, started, data_dir);
+        if !welcome.is_empty() {
+            node.core.join(node.now(), welcome);
+        }
+        node.run(inbound).await
+    }
+    .instrument(span)
+    .await
+}
+
+fn init_tracing(node_id: &NodeId) {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+        .try_init();
+    debug!(%node_id, "logging");
+}
+
+/// The spec flags as given; only the first node uses them to create the spec, joiners check
+/// them against the cluster's.
+#[derive(Debug)]
+struct SpecFlags {
+    cluster_name: Option<String>,
+    shards: Option<u32>,
+    replication_factor: Option<u8>,
+    vnodes: Option<u32>,
+    placement: Option<Placement>,
+}
+
+impl From<&DaemonArgs> for SpecFlags {
+    fn from(args: &DaemonArgs) -> Self {
+        SpecFlags {
+            cluster_name: args.cluster_name.clone(),
+            shards: args.shards,
+            replication_factor: args.replication_factor,
+            vnodes: args.vnodes,
+            placement: args.placement,
+        }
+    }
+}
+
+impl SpecFlags {
+    fn bootstrap(&self) -> Result<ClusterSpec> {
+        let table = TableSpec {
+            shards: self
+                .shards
+                .map(ShardCount::new)
+                .transpose()
+                .context("--shards")?
+                .unwrap_or_default(),
+            replication_factor: self
+                .replication_factor
+                .map(ReplicationFactor::new)
+                .transpose()
+                .context("--replication-factor")?
+                .unwrap_or_default(),
+            placement: self.placement.unwrap_or_default(),
+        };
+        let vnodes = self
+            .vnodes
+            .map(VnodeCount::new)
+            .transpose()
+            .context("--vnodes")?
+            .unwrap_or_default();
+        let name = self.cluster_name.as_deref().unwrap_or("slotring");
+        Ok(ClusterSpec::new(name, rand::random(), table, vnodes)?)
+    }
+
+    /// Fails when a given flag contradicts `spec`.
+    fn check(&self, spec: &ClusterSpec, whose: &str) -> Result<()> {
+        let mut problems = Vec::new();
+        if let Some(name) = &self.cluster_name
+            && name != &spec.cluster_name
+        {
+            problems.push(format!(
+                "--cluster-name {name}, but {whose} is named {}",
+                spec.cluster_name
+            ));
+        }
+        if let Some(shards) = self.shards
+            && shards != spec.table.shards.get()
+        {
+            problems.push(format!(
+                "--shards {shards}, but {whose} has {} shards",
+                spec.table.shards
+            ));
+        }
+        if let Some(rf) = self.replication_factor
+            && rf != spec.table.replication_factor.get()
+        {
+            problems.push(format!(
+                "--replication-factor {rf}, but {whose} has replication factor {}",
+                spec.table.replication_factor
+            ));
+        }
+        if let Some(vnodes) = self.vnodes
+            && vnodes != spec.vnodes.get()
+        {
+            problems.push(format!(
+                "--vnodes {vnodes}, but {whose} has {} vnodes",
+                spec.vnodes.get()
+            ));
+        }
+        if let Some(placement) = self.placement
+            && placement != spec.table.placement
+        {
+            problems.push(format!(
+                "--placement {placement}, but {whose} uses {}",
+                spec.table.placement
+            ));
+        }
+        if problems.is_empty() {
+            Ok(())
+        } else {
+            bail!("refused: cluster spec mismatch: {}", problems.join("; "))
+        }
+    }
+}
+
+/// Asks the seeds, in turn and with backoff, to let this node in. A refusal (another spec,
+/// another cluster) or a refused handshake (another CA) is final; silence is retried until
+/// `deadline`.
+async fn join(
+    endpoint: &Endpoint,
+    seeds: &[std::net::SocketAddr],
+    node_id: &NodeId,
+    spec: Option<ClusterSpec>,
+    deadline: Instant,
+) -> Result<(ClusterSpec, Vec<WireMember>)> {
+    let body = Bytes::from(wire::encode(&Request::Join {
+        node_id: node_id.clone(),
+        spec,
+    }));
+    let mut backoff = Duration::from_millis(100);
+    loop {
+        let mut last_error = None;
+        for seed in seeds {
+            match endpoint
+                .request(*seed, None, body.clone(), PEER_REQUEST_TIMEOUT)
+                .await
+            {
+                Ok(answer) => match wire::decode::<Response>(&answer)? {
+                    Response::Welcome { spec, members } => {
+                        info!(%seed, members = members.len(), "welcomed");
+                        return Ok((spec, members));
+                    }
+                    Response::Refused { reason } => bail!("refused by {seed}: {reason}"),
+                    other => bail!("unexpected answer from {seed}: {other:?}"),
+                },
+                Err(error @ RequestError::Handshake { .. }) => {
+                    return Err(error).with_context(|| {
+                        format!("joining through {seed}: the seed refused this node's certificate (is it from another cluster's CA?)")
+                    });
+                }
+                Err(error) => {
+                    debug!(%seed, %error, "join attempt failed");
+                    last_error = Some(format!("{seed}: {error}"));
+                }
+            }
+        }
+        if Instant::now() + backoff > deadline {
+            bail!(
+                "could not join through {} before the deadline; last error: {}",
+                seeds
+                    .iter()
+                    .map(ToString::to_string)
+                    .collect::<Vec<_>>()
+                    .join(", "),
+                last_error.unwrap_or_default()
+            );
+        }
+        tokio::time::sleep(backoff).await;
+        backoff = (backoff * 2).min(Duration::from_secs(2));
+    }
+}
+
+/// The loop: the only owner of the [`Cluster`] core.
+struct NodeLoop {
+    core: Cluster,
+    endpoint: Endpoint,
+    started: Instant,
+    data_dir: DataDir,
+    answers_tx: mpsc::UnboundedSender<(RequestId, Result<Response, String>)>,
+    answers_rx: mpsc::UnboundedReceiver<(RequestId, Result<Response, String>)>,
+    /// Leave notices in flight, during shutdown.
+    leaving: Vec<tokio::task::JoinHandle<()>>,
+}
+
+impl NodeLoop {
+    fn new(core: Cluster, endpoint: Endpoint, started: Instant, data_dir: DataDir) -> Self {
+        let (answers_tx, answers_rx) = mpsc::unbounded_channel();
+        NodeLoop {
+            core,
+            endpoint,
+            started,
+            data_dir,
+            answers_tx,
+            answers_rx,
+            leaving: Vec::new(),
+        }
+    }
+
+    fn now(&self) -> Duration {
+        self.started.elapsed()
+    }
+
+    async fn run(mut self, mut inbound: mpsc::Receiver<Inbound>) -> Result<ExitCode> {
+        use tokio::signal::unix::{SignalKind, signal};
+        let mut terminate =
+            signal(SignalKind::terminate()).context("installing a SIGTERM handler")?;
+        let mut interrupt =
+            signal(SignalKind::interrupt()).context("installing a SIGINT handler")?;
+        loop {
+            self.drain()?;
+            let wake = self
+                .core
+                .poll_timeout()
+                .map_or(self.now() + Duration::from_secs(1), |at| at);
+            let sleep = tokio::time::sleep_until((self.started + wake).into());
+            tokio::select! {
+                biased;
+                _ = terminate.recv() => break,
+                _ = interrupt.recv() => break,
+                Some(message) = inbound.recv() => self.handle_inbound(message),
+                Some((id, answer)) = self.answers_rx.recv() => {
+                    let now = self.now();
+                    self.core.handle_response(now, id, answer);
+                }
+                () = sleep => {
+                    let now = self.now();
+                    self.core.handle_timeout(now);
+                }
+            }
+        }
+        info!("leaving the cluster");
+        let now = self.now();
+        self.core.leave(now);
+        self.drain()?;
+        let notices = std::mem::take(&mut self.leaving);
+        let _ = tokio::time::timeout(LEAVE_GRACE, async {
+            for notice in notices {
+                let _ = notice.await;
+            }
+        })
+        .await;
+        self.endpoint.close();
+        let _ = tokio::time::timeout(Duration::from_millis(500), self.endpoint.wait_idle()).await;
+        info!("left");
+        Ok(ExitCode::SUCCESS)
+    }
+
+    fn handle_inbound(&mut self, message: Inbound) {
+        let now = self.now();
+        match message {
+            Inbound::Datagram { from, payload, .. } => {
+                if let Err(error) = self.core.handle_datagram(now, &from, &payload) {
+                    debug!(%from, %error, "datagram dropped");
+                }
+            }
+            Inbound::Request {
+                from,
+                body,
+                responder,
+                ..
+            } => {
+                let peer = match &from {
+                    PeerIdentity::Node(id) => Some(id),
+                    PeerIdentity::Client => None,
+                };
+                let response = match wire::decode::<Request>(&body) {
+                    Ok(request) => self.core.handle_request(now, peer, request),
+                    Err(error) => {
+                        debug!(?from, %error, "bad request");
+                        Response::Refused {
+                            reason: format!("bad request: {error}"),
+                        }
+                    }
+                };
+                if let Err(error) = responder.respond(Bytes::from(wire::encode(&response))) {
+                    debug!(?from, %error, "answer not sent");
+                }
+            }
+        }
+    }
+
+    /// Carries out everything the core asked for; never awaits a peer.
+    fn drain(&mut self) -> Result<()> {
+        while let Some(transmit) = self.core.poll_transmit() {
+            match transmit {
+                Transmit::Datagram { to, node, payload } => {
+                    if let Err(error) = self.endpoint.send_datagram(to, &node, Bytes::from(payload))
+                    {
+                        debug!(%to, %error, "datagram not sent");
+                    }
+                }
+                Transmit::Request {
+                    id,
+                    to,
+                    node,
+                    request,
+                } => {
+                    let endpoint = self.endpoint.clone();
+                    let answers = self.answers_tx.clone();
+                    let is_leave = matches!(request, Request::Leaving { .. });
+                    let body = Bytes::from(wire::encode(&request));
+                    let task = tokio::spawn(async move {
+                        let answer = match endpoint
+                            .request(to, Some(&node), body, PEER_REQUEST_TIMEOUT)
+                            .await
+                        {
+                            Ok(bytes) => {
+                                wire::decode::<Response>(&bytes).map_err(|e| e.to_string())
+                            }
+                            Err(error) => Err(error.to_string()),
+                        };
+                        let _ = answers.send((id, answer));
+                    });
+                    if is_leave {
+                        self.leaving.push(task);
+                    }
+                }
+                Transmit::Connect { to, node } => self.endpoint.connect_ahead(to, node),
+                Transmit::Forget { to } => self.endpoint.forget(to),
+            }
+        }
+        while let Some(event) = self.core.poll_event() {
+            match event {
+                Event::MemberUp(member) => {
+                    info!(member = %member.node_id, addr = %member.addr, generation = member.generation, "member up");
+                }
+                Event::MemberDown(member) => {
+                    warn!(member = %member.node_id, generation = member.generation, "member down");
+                }
+                Event::MemberLeft(member) => {
+                    info!(member = %member.node_id, generation = member.generation, "member left");
+                }
+                Event::TableChanged {
+                    digest,
+                    members,
+                    leaders_changed,
+                } => info!(%digest, members, leaders_changed, "shard table changed"),
+                Event::Renewed { generation } => {
+                    warn!(
+                        generation,
+                        "the cluster declared this node down; rejoining with a new generation"
+                    );
+                    let node_id = self.core.identity().node_id.clone();
+                    self.data_dir.store_node(&node_id, generation)?;
+                }
+                Event::Joined => info!("joined"),
+            }
+        }
+        Ok(())
+    }
+}
