@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The test command: installs what the checks need, then format check, clippy (warnings are
-# errors), and all tests of the workspace, always with the committed Cargo.lock.
+# errors), the node binary, and all tests of the workspace (unit, property, virtual-network and
+# multi-process), always with the committed Cargo.lock.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -11,6 +12,8 @@ echo "== cargo fmt --check"
 cargo fmt --all -- --check
 echo "== cargo clippy"
 cargo clippy --workspace --all-targets --locked -- -D warnings
+echo "== cargo build -p node (the multi-process tests run this binary)"
+cargo build --locked -p node
 echo "== cargo test"
 cargo test --workspace --all-targets --locked
 echo "== doc tests"

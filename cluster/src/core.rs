@@ -1,8 +1,8 @@
 //! [`Cluster`]: one node's membership (SWIM through foca) and the shard table derived from it.
 
+use core::time::Duration;
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::num::{NonZeroU8, NonZeroUsize};
-use std::time::Duration;
 
 use core::net::SocketAddr;
 

@@ -3,7 +3,7 @@
 //!
 //! [`Cluster`] follows quinn-proto: inputs are `handle_*(now, ...)`, outputs are polled
 //! (`poll_transmit`, `poll_event`, `poll_timeout`). Time is whatever monotonic clock the caller
-//! reads, passed in as a [`Duration`](std::time::Duration); randomness comes from a seed.
+//! reads, passed in as a [`Duration`](core::time::Duration); randomness comes from a seed.
 //!
 //! What it deliberately does not do: no sockets, no tokio, no clock, no threads, no files. It
 //! does not authenticate peers (the transport does, and passes the certificate's node id in);

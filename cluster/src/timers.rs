@@ -1,8 +1,8 @@
 //! An ordered timer queue: foca requires its timers back in deadline order.
 
+use core::time::Duration;
 use std::cmp::Reverse;
 use std::collections::BinaryHeap;
-use std::time::Duration;
 
 /// Timers ordered by deadline, ties by insertion order, so delivery is deterministic.
 #[derive(Debug)]

@@ -36,7 +36,17 @@ pub(crate) fn certs_issue(dir: &Path, node_id: &str) -> Result<ExitCode> {
 /// A client endpoint with the CLI's certificate.
 fn client(query: &QueryArgs) -> Result<Endpoint> {
     let tls = ClientTls::load(&query.certs_dir)?;
-    Ok(Endpoint::client(tls, Limits::default())?)
+    let endpoint = if query.addr.ip().is_loopback() {
+        Endpoint::client(tls, Limits::default())?
+    } else {
+        let any: SocketAddr = if query.addr.is_ipv4() {
+            (std::net::Ipv4Addr::UNSPECIFIED, 0).into()
+        } else {
+            (std::net::Ipv6Addr::UNSPECIFIED, 0).into()
+        };
+        Endpoint::client_on(any, tls, Limits::default())?
+    };
+    Ok(endpoint)
 }
 
 async fn ask(
