@@ -28,11 +28,11 @@ use crate::wire::{
 /// within the period, and declared down `suspect_to_down_after` later unless it refutes.
 #[derive(Debug, Clone)]
 pub struct Config {
-    /// How often this node probes one member. Lower detects faster and costs more packets.
-    /// Default 200 ms.
+    /// How often this node probes one member. Lower detects faster and costs more packets
+    /// (each probe is a QUIC datagram and its ack, a few microseconds of CPU). Default 100 ms.
     pub probe_period: Duration,
     /// How long a direct probe waits for its ack before asking helpers; must be below
-    /// `probe_period`. Default 80 ms (a LAN round trip is well under 1 ms).
+    /// `probe_period`. Default 50 ms (a LAN round trip is well under 1 ms).
     pub probe_rtt: Duration,
     /// How many members help probe an unresponsive one. Default 3.
     pub num_indirect_probes: NonZeroUsize,
@@ -75,8 +75,8 @@ impl Default for Config {
     fn default() -> Self {
         let nonzero = |n| NonZeroUsize::new(n).expect("constant is not zero");
         Config {
-            probe_period: Duration::from_millis(200),
-            probe_rtt: Duration::from_millis(80),
+            probe_period: Duration::from_millis(100),
+            probe_rtt: Duration::from_millis(50),
             num_indirect_probes: nonzero(3),
             suspect_to_down_after: Duration::from_millis(500),
             max_transmissions: NonZeroU8::new(10).expect("constant is not zero"),

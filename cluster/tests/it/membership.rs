@@ -78,7 +78,7 @@ fn five_nodes_converge_on_the_same_table() {
 
 #[test]
 fn a_crashed_node_is_replaced_everywhere_within_a_second() {
-    let mut worst = Duration::ZERO;
+    let mut times = Vec::new();
     for seed in seeds(30) {
         let mut net = five_nodes(seed);
         let victim = (seed % 5) as usize;
@@ -88,13 +88,15 @@ fn a_crashed_node_is_replaced_everywhere_within_a_second() {
         let since = net.now;
         let took = time_to_agree(&mut net, &want, since, 5 * SECOND)
             .unwrap_or_else(|| panic!("never converged; {}", net.replay_hint("crashed")));
-        worst = worst.max(took);
+        times.push(took);
         for &index in &survivors {
             assert_eq!(net.listed(index, "down"), vec![name(victim).to_string()]);
         }
     }
     // Virtual time on a lossless 1–3 ms network: detection plus dissemination.
-    eprintln!("worst time for all survivors to agree after a crash: {worst:?}");
+    times.sort();
+    let (median, worst) = (times[times.len() / 2], times[times.len() - 1]);
+    eprintln!("time for all survivors to agree after a crash: median {median:?}, worst {worst:?}");
     assert!(
         worst < Duration::from_millis(1500),
         "worst detection {worst:?}"
