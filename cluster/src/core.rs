@@ -755,8 +755,10 @@ impl Cluster {
         self.refresh_table();
     }
 
-    /// foca sends `TurnUndead` to a member it does not consider active; when that member has
-    /// since refuted (it is alive in our view), the message would force a needless renewal.
+    /// foca answers any packet from an identity it holds down with `TurnUndead`. When that
+    /// identity is an old life of a member whose newer life is active here (a late packet of
+    /// the old process, or a refutation that raced the down declaration), the message would
+    /// reach the live process at the same address and force a needless renewal: drop it.
     fn is_needless_turn_undead(&self, to: &Identity, packet: &[u8]) -> bool {
         let Ok(header) = PostcardCodec.decode_header(packet) else {
             return false;
@@ -766,7 +768,7 @@ impl Cluster {
             && self
                 .foca
                 .iter_members()
-                .any(|member| member.id() == to && member.state() != foca::State::Down)
+                .any(|member| member.id().node_id == to.node_id && member.id() != to)
     }
 
     fn notice(&mut self, notification: OwnedNotification<Identity>) {

@@ -254,3 +254,59 @@ fn a_packet_claiming_another_identity_is_dropped() {
     assert!(core.handle_datagram(now, &name(4), &[]).is_err());
     assert!(core.handle_datagram(now, &name(4), &[9, 1, 2]).is_err());
 }
+
+#[test]
+fn a_late_packet_from_an_old_life_does_not_turn_the_new_life_undead() {
+    let mut net = five_nodes(3);
+    // n2 dies and comes back with generation 2; everyone learns the new life.
+    let old_life = {
+        let view = net.core(0).members();
+        view.members
+            .iter()
+            .find(|m| m.id.as_str() == "n2")
+            .unwrap()
+            .generation
+    };
+    net.crash(2);
+    let now = net.now;
+    net.run_until(now + 3 * SECOND);
+    net.start(2, Some(0)).unwrap();
+    let now = net.now;
+    net.run_until(now + 2 * SECOND);
+    // A packet of the old life (generation 1) arrives late at n0.
+    let identity = cluster::Identity {
+        node_id: name(2),
+        addr: crate::net::addr(2),
+        generation: old_life,
+        spec: net.spec.fingerprint(),
+        meta: cluster::NodeMeta::default(),
+    };
+    let now = net.now;
+    let mut old = cluster::Cluster::new(
+        now,
+        identity,
+        net.spec.clone(),
+        cluster::Config::default(),
+        5,
+    );
+    let n0 = net.core(0).identity().clone();
+    old.join(now, vec![foca::Member::alive(n0)]);
+    let packet = std::iter::from_fn(|| old.poll_transmit())
+        .find_map(|t| match t {
+            cluster::Transmit::Datagram { payload, .. } => Some(payload),
+            _ => None,
+        })
+        .expect("the old life announces itself");
+    let core = net.slots[0].core.as_mut().unwrap();
+    let before = core.stats().turn_undead_dropped;
+    let _ = core.handle_datagram(now, &name(2), &packet);
+    let sent_to_n2: Vec<_> = std::iter::from_fn(|| core.poll_transmit())
+        .filter(|t| matches!(t, cluster::Transmit::Datagram { node, .. } if node == &name(2)))
+        .collect();
+    assert_eq!(
+        core.stats().turn_undead_dropped,
+        before + 1,
+        "{sent_to_n2:?}"
+    );
+    assert!(sent_to_n2.is_empty(), "{sent_to_n2:?}");
+}
