@@ -466,3 +466,68 @@ impl NodeLoop {
         Ok(())
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn flags() -> SpecFlags {
+        SpecFlags {
+            cluster_name: None,
+            shards: None,
+            replication_factor: None,
+            vnodes: None,
+            placement: None,
+        }
+    }
+
+    #[test]
+    fn bootstrap_uses_the_defaults_and_the_given_flags() {
+        let spec = SpecFlags {
+            shards: Some(512),
+            vnodes: Some(64),
+            ..flags()
+        }
+        .bootstrap()
+        .unwrap();
+        assert_eq!(spec.table.shards.get(), 512);
+        assert_eq!(spec.vnodes.get(), 64);
+        assert_eq!(spec.table.replication_factor.get(), 3);
+        assert_eq!(spec.cluster_name, "slotring");
+        assert!(
+            SpecFlags {
+                shards: Some(0),
+                ..flags()
+            }
+            .bootstrap()
+            .is_err()
+        );
+        assert!(
+            SpecFlags {
+                vnodes: Some(100_000),
+                ..flags()
+            }
+            .bootstrap()
+            .is_err()
+        );
+    }
+
+    #[test]
+    fn a_flag_contradicting_the_cluster_is_named_in_the_refusal() {
+        let spec = flags().bootstrap().unwrap();
+        assert!(flags().check(&spec, "the cluster").is_ok());
+        let error = SpecFlags {
+            shards: Some(512),
+            replication_factor: Some(2),
+            ..flags()
+        }
+        .check(&spec, "the cluster")
+        .unwrap_err()
+        .to_string();
+        assert!(
+            error.contains("--shards 512, but the cluster has 1024 shards"),
+            "{error}"
+        );
+        assert!(error.contains("--replication-factor 2"), "{error}");
+    }
+}

@@ -113,3 +113,55 @@ impl DataDir {
         Ok(())
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn temp_dir(name: &str) -> PathBuf {
+        let dir =
+            std::env::temp_dir().join(format!("slotring-datadir-{name}-{}", std::process::id()));
+        let _ = fs::remove_dir_all(&dir);
+        dir
+    }
+
+    #[test]
+    fn a_second_open_is_refused_while_the_first_holds_the_lock() {
+        let dir = temp_dir("lock");
+        let first = DataDir::open(&dir).unwrap();
+        let error = DataDir::open(&dir).unwrap_err().to_string();
+        assert!(error.contains("in use by another node process"), "{error}");
+        drop(first);
+        DataDir::open(&dir).unwrap();
+        fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn node_and_spec_roundtrip_and_corruption_is_an_error() {
+        let dir = temp_dir("roundtrip");
+        let data = DataDir::open(&dir).unwrap();
+        assert!(data.node_id().unwrap().is_none());
+        assert!(data.spec().unwrap().is_none());
+        let id = NodeId::new("n7").unwrap();
+        data.store_node(&id, 3).unwrap();
+        assert_eq!(data.node_id().unwrap(), Some((id, 3)));
+        let spec = ClusterSpec::new("c", 9, Default::default(), Default::default()).unwrap();
+        data.store_spec(&spec).unwrap();
+        assert_eq!(data.spec().unwrap(), Some(spec));
+        fs::write(dir.join("spec.json"), b"{\"shards\": 0").unwrap();
+        assert!(data.spec().unwrap_err().to_string().contains("corrupt"));
+        fs::write(
+            dir.join("node.json"),
+            br#"{"node_id": "bad id", "generation": 1}"#,
+        )
+        .unwrap();
+        assert!(
+            data.node_id()
+                .unwrap_err()
+                .to_string()
+                .contains("invalid node id")
+        );
+        drop(data);
+        fs::remove_dir_all(&dir).unwrap();
+    }
+}
