@@ -525,20 +525,23 @@ fn write_new(path: &Path, contents: &str, kind: FileKind) -> Result<(), PkiError
     Ok(())
 }
 
-fn read_bytes(path: &Path, fix: &str) -> Result<Vec<u8>, PkiError> {
-    fs::read(path).map_err(|source| {
-        if source.kind() == io::ErrorKind::NotFound {
-            PkiError::Missing {
-                path: path.to_owned(),
-                fix: fix.to_owned(),
-            }
-        } else {
-            PkiError::Read {
-                path: path.to_owned(),
-                source,
-            }
+/// A failed read of `path`: `Missing` (naming the command that creates it) or `Read`.
+fn read_error(path: &Path, fix: &str, source: io::Error) -> PkiError {
+    if source.kind() == io::ErrorKind::NotFound {
+        PkiError::Missing {
+            path: path.to_owned(),
+            fix: fix.to_owned(),
         }
-    })
+    } else {
+        PkiError::Read {
+            path: path.to_owned(),
+            source,
+        }
+    }
+}
+
+fn read_bytes(path: &Path, fix: &str) -> Result<Vec<u8>, PkiError> {
+    fs::read(path).map_err(|source| read_error(path, fix, source))
 }
 
 fn read_text(path: &Path, fix: &str) -> Result<String, PkiError> {
@@ -558,19 +561,7 @@ fn read_cert(path: &Path, fix: &str) -> Result<CertificateDer<'static>, PkiError
 }
 
 fn check_key_mode(path: &Path, fix: &str) -> Result<(), PkiError> {
-    let metadata = fs::metadata(path).map_err(|source| {
-        if source.kind() == io::ErrorKind::NotFound {
-            PkiError::Missing {
-                path: path.to_owned(),
-                fix: fix.to_owned(),
-            }
-        } else {
-            PkiError::Read {
-                path: path.to_owned(),
-                source,
-            }
-        }
-    })?;
+    let metadata = fs::metadata(path).map_err(|source| read_error(path, fix, source))?;
     let mode = metadata.permissions().mode() & 0o7777;
     if mode & 0o077 != 0 {
         return Err(PkiError::KeyPermissions {

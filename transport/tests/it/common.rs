@@ -105,6 +105,16 @@ pub(crate) async fn next(inbound: &mut mpsc::Receiver<Inbound>) -> Inbound {
 
 /// A quinn client outside `transport`, to misbehave: chosen ALPN, optional client
 /// certificate (`<name>.crt` / `<name>.key` of `identity_dir`), trusting `ca_dir`'s CA.
+/// A raw quinn connection to a node with the cluster's own client certificate and ALPN:
+/// everything right, so a test can then misbehave at the stream level.
+pub(crate) async fn raw_client_connection(certs: &Path, node: SocketAddr) -> quinn::Connection {
+    let raw = raw_client(certs, transport::ALPN, Some((certs, "client")));
+    raw.connect(node, transport::NODE_SERVER_NAME)
+        .expect("connect")
+        .await
+        .expect("handshake")
+}
+
 pub(crate) fn raw_client(
     ca_dir: &Path,
     alpn: &[u8],

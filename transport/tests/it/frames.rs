@@ -1,9 +1,9 @@
 //! Frame limits: refused locally when sending, refused before allocating when receiving.
 
 use bytes::Bytes;
-use transport::{Endpoint, Inbound, Limits, NODE_SERVER_NAME, RequestError, RespondError};
+use transport::{Endpoint, Inbound, Limits, RequestError, RespondError};
 
-use crate::common::{Certs, PATIENCE, eventually, frame, next, raw_client, raw_request};
+use crate::common::{Certs, PATIENCE, eventually, frame, next, raw_client_connection, raw_request};
 
 fn small() -> Limits {
     Limits {
@@ -54,16 +54,7 @@ async fn an_oversized_request_fails_locally() {
 async fn a_huge_announced_frame_is_refused_and_the_server_goes_on() {
     let certs = Certs::new();
     let n0 = certs.echo("n0", Limits::default());
-    let raw = raw_client(
-        certs.path(),
-        transport::ALPN,
-        Some((certs.path(), "client")),
-    );
-    let conn = raw
-        .connect(n0.local_addr(), NODE_SERVER_NAME)
-        .expect("connect")
-        .await
-        .expect("handshake");
+    let conn = raw_client_connection(certs.path(), n0.local_addr()).await;
 
     // 4 GiB announced: refused from the header alone.
     let error = raw_request(&conn, &u32::MAX.to_le_bytes())

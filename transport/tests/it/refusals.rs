@@ -5,7 +5,7 @@ use std::net::SocketAddr;
 use bytes::Bytes;
 use transport::{Endpoint, Limits, NODE_SERVER_NAME, RequestError};
 
-use crate::common::{Certs, PATIENCE, eventually, raw_client};
+use crate::common::{Certs, PATIENCE, eventually, raw_client, raw_client_connection};
 
 /// Connects with a raw endpoint and returns how the connection ended; panics if it stays up.
 async fn refused(endpoint: &quinn::Endpoint, to: SocketAddr) -> quinn::ConnectionError {
@@ -120,15 +120,6 @@ async fn another_alpn_is_refused() {
     assert!(inbound.try_recv().is_err(), "nothing reaches the node");
 
     // The same client with the right ALPN is served: the refusal was the ALPN.
-    let raw = raw_client(
-        certs.path(),
-        transport::ALPN,
-        Some((certs.path(), "client")),
-    );
-    let conn = raw
-        .connect(n0.local_addr(), NODE_SERVER_NAME)
-        .expect("connect")
-        .await
-        .expect("handshake");
+    let conn = raw_client_connection(certs.path(), n0.local_addr()).await;
     drop(conn);
 }
