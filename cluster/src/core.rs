@@ -795,7 +795,9 @@ impl Cluster {
                 }
             }
             OwnedNotification::Rename(before, after) => {
-                if before.addr != after.addr {
+                // A new life is a new process: the cached connection (same address or not)
+                // belongs to the old one.
+                if before.generation != after.generation || before.addr != after.addr {
                     self.transmits
                         .push_back(Transmit::Forget { to: before.addr });
                     self.transmits.push_back(Transmit::Connect {
