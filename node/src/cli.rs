@@ -15,10 +15,26 @@ use transport::{ClientTls, Endpoint, Limits};
 
 use crate::{Output, QueryArgs};
 
+/// Writes to stdout; a closed pipe (`node members | head -1`) is not an error.
+fn emit(text: &str) {
+    use std::io::Write as _;
+    let mut stdout = std::io::stdout().lock();
+    let _ = stdout
+        .write_all(text.as_bytes())
+        .and_then(|()| stdout.flush());
+}
+
+/// `println!` through [`emit`].
+macro_rules! say {
+    ($($arg:tt)*) => {
+        emit(&format!("{}\n", format_args!($($arg)*)))
+    };
+}
+
 /// `node certs init`.
 pub(crate) fn certs_init(dir: &Path) -> Result<ExitCode> {
     transport::pki::init_cluster_ca(dir)?;
-    println!(
+    say!(
         "wrote the cluster CA and the client certificate to {}",
         dir.display()
     );
@@ -29,7 +45,7 @@ pub(crate) fn certs_init(dir: &Path) -> Result<ExitCode> {
 pub(crate) fn certs_issue(dir: &Path, node_id: &str) -> Result<ExitCode> {
     let node = NodeId::new(node_id).context("node id")?;
     transport::pki::issue_node_cert(dir, &node)?;
-    println!("wrote {0}/{node}.crt and {0}/{node}.key", dir.display());
+    say!("wrote {0}/{node}.crt and {0}/{node}.key", dir.display());
     Ok(ExitCode::SUCCESS)
 }
 
@@ -79,7 +95,7 @@ fn addr_text(node: &NodeRef) -> String {
 }
 
 fn print_json(value: &Value) {
-    println!(
+    say!(
         "{}",
         serde_json::to_string_pretty(value).unwrap_or_default()
     );
@@ -133,7 +149,7 @@ pub(crate) async fn shard_info(shard: u32, query: &QueryArgs) -> Result<ExitCode
             "digest": view.digest,
         })),
         Output::Table => {
-            println!(
+            say!(
                 "shard {}  state {}  (table {})",
                 view.shard,
                 view.state,
@@ -151,8 +167,8 @@ pub(crate) async fn shard_info(shard: u32, query: &QueryArgs) -> Result<ExitCode
                     addr_text(&replica.node),
                 ]);
             }
-            print!("{}", table(&rows));
-            println!("target: {}", view.target.join(" "));
+            emit(&table(&rows));
+            say!("target: {}", view.target.join(" "));
         }
     }
     Ok(ExitCode::SUCCESS)
@@ -175,13 +191,13 @@ pub(crate) async fn shard_for(key: &str, query: &QueryArgs) -> Result<ExitCode> 
             "leader": node_json(&view.leader),
         })),
         Output::Table => match &view.leader {
-            Some(leader) => println!(
+            Some(leader) => say!(
                 "key {key:?} -> shard {} (leader {} at {})",
                 view.shard,
                 leader.id,
                 addr_text(leader)
             ),
-            None => println!("key {key:?} -> shard {} (no leader)", view.shard),
+            None => say!("key {key:?} -> shard {} (no leader)", view.shard),
         },
     }
     Ok(ExitCode::SUCCESS)
@@ -220,7 +236,7 @@ pub(crate) async fn members(query: &QueryArgs) -> Result<ExitCode> {
                     m.generation.to_string(),
                 ]);
             }
-            print!("{}", table(&rows));
+            emit(&table(&rows));
         }
     }
     Ok(ExitCode::SUCCESS)
@@ -256,8 +272,8 @@ pub(crate) async fn status(query: &QueryArgs) -> Result<ExitCode> {
     match query.output {
         Output::Json => print_json(&status_json(&view)),
         Output::Table => {
-            println!("{}", view.spec);
-            println!("table {} as seen by {}", view.digest, view.node);
+            say!("{}", view.spec);
+            say!("table {} as seen by {}", view.digest, view.node);
             let mut rows = vec![
                 ["ID", "ADDRESS", "STATE", "GEN", "LEADS", "REPLICAS"]
                     .map(str::to_owned)
@@ -273,7 +289,7 @@ pub(crate) async fn status(query: &QueryArgs) -> Result<ExitCode> {
                     n.replicates.to_string(),
                 ]);
             }
-            print!("{}", table(&rows));
+            emit(&table(&rows));
         }
     }
     Ok(ExitCode::SUCCESS)
@@ -304,7 +320,7 @@ pub(crate) async fn ring(query: &QueryArgs) -> Result<ExitCode> {
                     format!("{:.2}%", n.ownership),
                 ]);
             }
-            print!("{}", table(&rows));
+            emit(&table(&rows));
         }
     }
     Ok(ExitCode::SUCCESS)
@@ -387,7 +403,7 @@ pub(crate) async fn check(query: &QueryArgs) -> Result<ExitCode> {
         })),
         Output::Table => {
             for (ok, message) in &checks {
-                println!("[{}] {message}", if *ok { "OK" } else { "ERR" });
+                say!("[{}] {message}", if *ok { "OK" } else { "ERR" });
             }
         }
     }

@@ -1,0 +1,242 @@
+//! A healthy cluster: every node sees the same members and the same table, the one the
+//! libraries compute, and `check` says so.
+
+use std::thread;
+
+use serde_json::Value;
+
+use crate::harness::{Cluster, digest, members, owners, string_field};
+use crate::{expected_owners, expected_table};
+
+/// How many shards the default spec has.
+const SHARDS: u16 = 1024;
+
+/// How many `shard-info` calls run at once: each is a process spawn plus a QUIC handshake,
+/// partly waiting; two in flight keep two cores busy without starving concurrent tests.
+const CLI_WORKERS: usize = 2;
+
+/// A sample of shards to ask `shard-info` about: every `stride`-th shard from `start`, so
+/// different nodes can cover different shards, plus the first, the last and shard 42. Digest
+/// comparisons cover whole tables; the samples check that `shard-info` reads that table.
+fn sample(start: u16, stride: u16) -> Vec<u16> {
+    let mut shards: Vec<u16> = (start..SHARDS).step_by(usize::from(stride)).collect();
+    shards.extend([0, 42, SHARDS - 1]);
+    shards.sort_unstable();
+    shards.dedup();
+    shards
+}
+
+/// `shard-info SHARD` from node `index` for every shard of `shards`, in order.
+fn shard_infos(cluster: &Cluster, index: usize, shards: &[u16]) -> Vec<Value> {
+    let chunk = shards.len().div_ceil(CLI_WORKERS).max(1);
+    thread::scope(|scope| {
+        let workers: Vec<_> = shards
+            .chunks(chunk)
+            .map(|part| {
+                scope.spawn(move || {
+                    part.iter()
+                        .map(|shard| cluster.query(index, &["shard-info", &shard.to_string()]))
+                        .collect::<Vec<_>>()
+                })
+            })
+            .collect();
+        workers
+            .into_iter()
+            .flat_map(|worker| worker.join().expect("a shard-info worker"))
+            .collect()
+    })
+}
+
+/// Five nodes agree on members, digest and every sampled shard's owners.
+///
+/// Sampling: every `shard-info` is a process spawn (about 10 ms), so `n0` and `n1` are asked
+/// about all 1024 shards and `n2`..`n4` about every 20th (about 55 shards each, at different
+/// offsets); equal digests prove the rest of their tables equal.
+#[test]
+fn five_nodes_converge() {
+    let cluster = Cluster::launch("converge", 5);
+    let ids: Vec<&str> = cluster
+        .nodes()
+        .iter()
+        .map(|node| node.id.as_str())
+        .collect();
+
+    for index in 0..5 {
+        let members = members(&cluster.query(index, &["members"])).unwrap();
+        let seen: Vec<(&str, &str)> = members
+            .iter()
+            .map(|member| (member.id.as_str(), member.state.as_str()))
+            .collect();
+        let expected: Vec<(&str, &str)> = ids.iter().map(|&id| (id, "alive")).collect();
+        assert_eq!(seen, expected, "members seen by {}", ids[index]);
+        for member in &members {
+            let node = cluster.nodes().iter().find(|node| node.id == member.id);
+            assert_eq!(
+                member.addr,
+                node.unwrap().addr.to_string(),
+                "address of {} seen by {}",
+                member.id,
+                ids[index]
+            );
+        }
+    }
+
+    let digests: Vec<String> = (0..5)
+        .map(|index| digest(&cluster.query(index, &["status"])).unwrap())
+        .collect();
+    assert!(
+        digests.iter().all(|digest| *digest == digests[0]),
+        "digests differ: {digests:?}"
+    );
+
+    // What n0 answers is the reference; every other node must answer the same.
+    let reference: Vec<(u16, Value)> = {
+        let shards = sample(0, 1);
+        shards
+            .iter()
+            .copied()
+            .zip(shard_infos(&cluster, 0, &shards))
+            .collect()
+    };
+    for (shard, answer) in &reference {
+        assert_eq!(
+            answer["shard"].as_u64(),
+            Some(u64::from(*shard)),
+            "{answer}"
+        );
+        assert_eq!(digest(answer).unwrap(), digests[0], "shard {shard} from n0");
+        let (leader, replicas) = owners(answer).unwrap();
+        assert_eq!(replicas.len(), 3, "shard {shard} from n0: {answer}");
+        assert_eq!(
+            leader.as_ref(),
+            replicas.first(),
+            "shard {shard} from n0: {answer}"
+        );
+    }
+    for index in 1..5u16 {
+        let shards = if index == 1 {
+            sample(0, 1)
+        } else {
+            sample(index, 20)
+        };
+        let index = usize::from(index);
+        for (shard, answer) in shards.iter().zip(shard_infos(&cluster, index, &shards)) {
+            let (_, reference) = reference
+                .iter()
+                .find(|(known, _)| known == shard)
+                .expect("n0 was asked about every shard");
+            assert_eq!(
+                owners(&answer).unwrap(),
+                owners(reference).unwrap(),
+                "shard {shard}: {} and n0 disagree",
+                ids[index]
+            );
+            assert_eq!(
+                digest(&answer).unwrap(),
+                digests[0],
+                "shard {shard} from {}",
+                ids[index]
+            );
+        }
+    }
+}
+
+/// The live table is the one `shardtable` computes for the members: same digest, same leader
+/// and replicas in the same order, same leader counts.
+#[test]
+fn live_placement_matches_shardtable() {
+    let cluster = Cluster::launch("placement", 5);
+    let ids: Vec<&str> = cluster
+        .nodes()
+        .iter()
+        .map(|node| node.id.as_str())
+        .collect();
+    let table = expected_table(ids.iter().copied());
+
+    for (index, observer) in ids.iter().enumerate() {
+        let status = cluster.query(index, &["status"]);
+        assert_eq!(
+            digest(&status).unwrap(),
+            table.digest().to_string(),
+            "digest of {observer} against the library's",
+        );
+        assert_eq!(
+            status["shards"].as_u64(),
+            Some(u64::from(SHARDS)),
+            "{status}"
+        );
+        assert_eq!(status["replication_factor"].as_u64(), Some(3), "{status}");
+        let leads = table.leader_counts();
+        for node in status["nodes"].as_array().expect("a `nodes` array") {
+            let id = string_field(node, "id").unwrap();
+            let position = table
+                .members()
+                .iter()
+                .position(|member| member.as_str() == id)
+                .unwrap_or_else(|| panic!("{id} is not a member: {status}"));
+            assert_eq!(
+                node["leads"].as_u64(),
+                Some(u64::from(leads[position])),
+                "shards {id} leads, seen by {observer}",
+            );
+        }
+    }
+
+    for index in 0..5u16 {
+        let shards = sample(index, 16);
+        let index = usize::from(index);
+        for (shard, answer) in shards.iter().zip(shard_infos(&cluster, index, &shards)) {
+            assert_eq!(
+                owners(&answer).unwrap(),
+                expected_owners(&table, *shard),
+                "shard {shard} from {} against the library",
+                ids[index]
+            );
+            let replicas = answer["replicas"].as_array().expect("a `replicas` array");
+            for (position, replica) in replicas.iter().enumerate() {
+                let role = if position == 0 { "leader" } else { "follower" };
+                assert_eq!(
+                    replica["role"].as_str(),
+                    Some(role),
+                    "shard {shard}: {answer}"
+                );
+                let id = string_field(replica, "id").unwrap();
+                let node = cluster.nodes().iter().find(|node| node.id == id).unwrap();
+                assert_eq!(
+                    replica["addr"].as_str(),
+                    Some(node.addr.to_string().as_str()),
+                    "shard {shard}: {answer}"
+                );
+            }
+            assert_eq!(answer["leader"]["addr"], replicas[0]["addr"], "{answer}");
+        }
+    }
+}
+
+/// `node check` on a converged cluster: exit 0, only `[OK]` lines; JSON `ok: true`.
+#[test]
+fn check_reports_ok() {
+    let cluster = Cluster::launch("check", 3);
+    for index in 0..3 {
+        let table = cluster.cli(index, &["check"], "table").unwrap();
+        assert!(table.status.success(), "check failed: {table:?}");
+        let lines: Vec<&str> = table
+            .stdout
+            .lines()
+            .filter(|line| !line.trim().is_empty())
+            .collect();
+        assert!(!lines.is_empty(), "no checks printed: {table:?}");
+        assert!(
+            lines.iter().all(|line| line.starts_with("[OK]")),
+            "not all [OK]: {}",
+            table.stdout
+        );
+
+        let json = cluster.query(index, &["check"]);
+        assert_eq!(json["version"], 1, "{json}");
+        assert_eq!(json["ok"], true, "{json}");
+        let checks = json["checks"].as_array().expect("a `checks` array");
+        assert!(!checks.is_empty(), "{json}");
+        assert!(checks.iter().all(|check| check["ok"] == true), "{json}");
+    }
+}
