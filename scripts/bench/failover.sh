@@ -85,6 +85,11 @@ for ((round = 1; round <= ROUNDS; round++)); do
     done
 done
 
-mapfile -t sorted < <(printf '%s\n' "${results[@]}" | sort -n)
-echo "failover of shard $SHARD over $ROUNDS rounds, $NODES nodes: min ${sorted[0]} ms," \
-    "median ${sorted[$((ROUNDS / 2))]} ms, max ${sorted[$((ROUNDS - 1))]} ms"
+printf '%s\n' "${results[@]}" | sort -n | awk -v shard="$SHARD" -v rounds="$ROUNDS" -v nodes="$NODES" '
+    { v[NR] = $1 }
+    END {
+        median = NR % 2 ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2
+        printf "failover of shard %s over %d rounds, %d nodes: min %d ms, median %g ms, max %d ms\n",
+            shard, rounds, nodes, v[1], median, v[NR]
+    }'
+

@@ -310,3 +310,31 @@ fn a_late_packet_from_an_old_life_does_not_turn_the_new_life_undead() {
     );
     assert!(sent_to_n2.is_empty(), "{sent_to_n2:?}");
 }
+
+#[test]
+fn a_joining_node_is_seen_by_every_member_within_a_second() {
+    let mut times = Vec::new();
+    for seed in seeds(20) {
+        let mut net = five_nodes(seed);
+        let since = net.now;
+        net.start(5, Some((seed % 5) as usize)).unwrap();
+        let step = Duration::from_millis(5);
+        while (0..5).any(|i| !net.listed(i, "alive").contains(&"n5".to_owned())) {
+            assert!(
+                net.now - since < 5 * SECOND,
+                "never seen; {}",
+                net.replay_hint("joining")
+            );
+            let now = net.now;
+            net.run_until(now + step);
+        }
+        times.push(net.now - since);
+    }
+    times.sort();
+    let worst = times[times.len() - 1];
+    eprintln!(
+        "join seen by all: median {:?}, worst {worst:?}",
+        times[times.len() / 2]
+    );
+    assert!(worst < SECOND, "worst {worst:?}");
+}
