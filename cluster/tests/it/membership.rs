@@ -6,6 +6,8 @@ use std::time::Duration;
 use shardtable::Placer;
 use topology::TokenRing;
 
+use cluster::wire::{Request, Response};
+
 use crate::net::{Net, name, seeds};
 
 const SECOND: Duration = Duration::from_secs(1);
@@ -337,4 +339,56 @@ fn a_joining_node_is_seen_by_every_member_within_a_second() {
         times[times.len() / 2]
     );
     assert!(worst < SECOND, "worst {worst:?}");
+}
+
+#[test]
+fn queries_check_their_limits() {
+    let mut net = Net::new(0);
+    net.start(0, None).unwrap();
+    let core = net.slots[0].core.as_mut().unwrap();
+    let ask =
+        |core: &mut cluster::Cluster, request| core.handle_request(Duration::ZERO, None, request);
+    let long_key = vec![b'k'; cluster::wire::MAX_KEY_LEN + 1];
+    match ask(core, Request::ShardFor { key: long_key }) {
+        Response::Refused { reason } => assert!(reason.contains("limit is 1024"), "{reason}"),
+        other => panic!("{other:?}"),
+    }
+    let longest = vec![b'k'; cluster::wire::MAX_KEY_LEN];
+    assert!(matches!(
+        ask(core, Request::ShardFor { key: longest }),
+        Response::ShardFor(_)
+    ));
+    match ask(core, Request::ShardInfo { shard: 1024 }) {
+        Response::Refused { reason } => assert!(reason.contains("0 to 1023"), "{reason}"),
+        other => panic!("{other:?}"),
+    }
+    match ask(core, Request::ShardInfo { shard: 1023 }) {
+        Response::ShardInfo(view) => assert_eq!(view.leader.unwrap().id, name(0)),
+        other => panic!("{other:?}"),
+    }
+    // A client may not join, sync or announce a leave.
+    for request in [
+        Request::Join {
+            node_id: name(1),
+            spec: None,
+        },
+        Request::Sync {
+            members: Vec::new(),
+        },
+        Request::Leaving {
+            identity: net_identity(1),
+        },
+    ] {
+        assert!(matches!(ask(core, request), Response::Refused { .. }));
+    }
+}
+
+fn net_identity(index: usize) -> cluster::Identity {
+    cluster::Identity {
+        node_id: name(index),
+        addr: crate::net::addr(index),
+        generation: 1,
+        spec: crate::net::spec().fingerprint(),
+        meta: cluster::NodeMeta::default(),
+    }
 }
