@@ -13,6 +13,7 @@
 mod core;
 mod error;
 pub mod identity;
+pub mod replica;
 pub mod spec;
 mod timers;
 pub mod wire;

@@ -2,4 +2,5 @@
 
 mod membership;
 mod net;
+mod replica;
 mod wire;

@@ -1,0 +1,1284 @@
+//! [`ShardReplica`]: one replica of one shard running the replication protocol of
+//! `docs/protocol.md` (ballots, ranked candidates, log adoption, commit, ReadIndex,
+//! check-quorum), sans-IO.
+//!
+//! What it does not do (yet): config changes, learners and snapshots, the fenced handoff and
+//! tombstones (R5–R8) are not implemented; a replica's config is the one it was created with.
+
+mod types;
+
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
+
+use core::time::Duration;
+
+use topology::NodeId;
+
+pub use self::types::{
+    Ballot, ClientOp, ClientReply, Config, Entry, Member, Message, NackReason, Op, Pos,
+    RejectReason, RequestTag, StorageId,
+};
+
+/// Timing and size knobs of a replica. Durations are on the caller's clock.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct ReplicaConfig {
+    /// How long without leader contact before the first-ranked voter stands, and the
+    /// stickiness and check-quorum window. At least two heartbeats. Default 300 ms.
+    pub t_elect: Duration,
+    /// The extra wait per rank, so the next replica stands first. Default 150 ms.
+    pub t_step: Duration,
+    /// The random extra wait, `U(0, jitter)`, that breaks duels. Default 100 ms.
+    pub jitter: Duration,
+    /// How often the leader sends a heartbeat round. Default 100 ms.
+    pub heartbeat: Duration,
+    /// A leader whose oldest unpersisted batch is older than this steps down (a stuck disk).
+    /// Default 2 s.
+    pub t_disk: Duration,
+    /// The most entries a promise carries for adoption. Default 1024.
+    pub max_adopt: usize,
+    /// The most entries in one `Append`. Default 256.
+    pub max_append: usize,
+}
+
+impl Default for ReplicaConfig {
+    fn default() -> Self {
+        ReplicaConfig {
+            t_elect: Duration::from_millis(300),
+            t_step: Duration::from_millis(150),
+            jitter: Duration::from_millis(100),
+            heartbeat: Duration::from_millis(100),
+            t_disk: Duration::from_secs(2),
+            max_adopt: 1024,
+            max_append: 256,
+        }
+    }
+}
+
+/// What a replica keeps on disk (R0). Changes reach the disk as [`Persist`] batches; this is
+/// the state those batches build, kept in memory as well.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct Durable {
+    /// The highest ballot promised.
+    pub promised: Option<Ballot>,
+    /// The position and config the log starts after.
+    pub base: Base,
+    /// Entries `base.pos.index + 1 ..`.
+    pub log: Vec<Entry>,
+    /// The key-value state at `applied`.
+    pub kv: BTreeMap<Vec<u8>, Vec<u8>>,
+    /// The last applied index.
+    pub applied: u64,
+}
+
+/// Where a log starts: a position and the config in force there.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct Base {
+    /// The position.
+    pub pos: Pos,
+    /// The config at `pos`.
+    pub config: Config,
+}
+
+impl Durable {
+    /// A new shard's state on one of its first voters: empty, with `config`.
+    pub fn bootstrap(config: Config) -> Self {
+        Durable {
+            promised: None,
+            base: Base {
+                pos: Pos::ORIGIN,
+                config,
+            },
+            log: Vec::new(),
+            kv: BTreeMap::new(),
+            applied: 0,
+        }
+    }
+
+    /// The position of the last entry (or the base).
+    pub fn last(&self) -> Pos {
+        self.log
+            .last()
+            .map_or_else(|| self.base.pos.clone(), Entry::pos)
+    }
+
+    /// The entry at `index`, if the log holds it.
+    pub fn entry(&self, index: u64) -> Option<&Entry> {
+        let first = self.base.pos.index + 1;
+        if index < first {
+            return None;
+        }
+        self.log.get(usize::try_from(index - first).ok()?)
+    }
+
+    /// The position at `index`: the base's, or an entry's.
+    pub fn pos_at(&self, index: u64) -> Option<Pos> {
+        if index == self.base.pos.index {
+            return Some(self.base.pos.clone());
+        }
+        self.entry(index).map(Entry::pos)
+    }
+
+    /// The last `Config` in the log, committed or not, else the base's (R2 `active`).
+    pub fn active_config(&self) -> &Config {
+        self.log
+            .iter()
+            .rev()
+            .find_map(|entry| match &entry.op {
+                Op::Config(config) => Some(config),
+                _ => None,
+            })
+            .unwrap_or(&self.base.config)
+    }
+
+    /// The entries after `index`.
+    pub fn entries_after(&self, index: u64) -> &[Entry] {
+        let first = self.base.pos.index + 1;
+        let skip = usize::try_from(index.saturating_add(1).saturating_sub(first))
+            .unwrap_or(usize::MAX)
+            .min(self.log.len());
+        &self.log[skip..]
+    }
+}
+
+/// One change to durable state.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub enum Change {
+    /// `promised := ballot`.
+    Promised(Ballot),
+    /// Remove the entries from `from` on.
+    Truncate {
+        /// The first index removed.
+        from: u64,
+    },
+    /// Append entries.
+    Append(Vec<Entry>),
+    /// Apply entry `index`: these keys now hold these values (`None`: removed).
+    Applied {
+        /// The entry applied.
+        index: u64,
+        /// Its writes.
+        writes: Vec<(Vec<u8>, Option<Vec<u8>>)>,
+    },
+}
+
+/// Identifies a persist batch.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct BatchId(pub u64);
+
+/// Changes the shell must make durable, in one transaction, then report with
+/// [`ShardReplica::handle_persisted`].
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct Persist {
+    /// The batch.
+    pub batch: BatchId,
+    /// Its changes, in order.
+    pub changes: Vec<Change>,
+}
+
+/// A message to send once batch `after` (if any) is durable.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct Outgoing {
+    /// The recipient.
+    pub to: Member,
+    /// The message.
+    pub message: Message,
+    /// Hold it until this batch is durable.
+    pub after: Option<BatchId>,
+}
+
+/// Which timer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Timer {
+    /// Stand for election (a voter without a leader).
+    Election,
+    /// Send a heartbeat round and check the quorum (a leader).
+    Heartbeat,
+}
+
+/// A replica's role.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub enum Role {
+    /// Follows `leader_hint`, or nobody.
+    Follower,
+    /// Collecting promises for a ballot.
+    Candidate(Candidate),
+    /// Leads a ballot.
+    Leader(Leader),
+}
+
+/// Candidate state (R2).
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct Candidate {
+    b: Ballot,
+    commit_at_prepare: u64,
+    handoff_from: Option<Ballot>,
+    promises: BTreeMap<NodeId, ReceivedPromise>,
+    asked: BTreeSet<NodeId>,
+}
+
+/// A promise as the candidate keeps it.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+struct ReceivedPromise {
+    member: Member,
+    last: Pos,
+    config: Config,
+    suffix: Option<Vec<Entry>>,
+}
+
+/// Leader state (R4, R9, R11).
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct Leader {
+    b: Ballot,
+    epoch_index: u64,
+    established: bool,
+    matched: BTreeMap<NodeId, u64>,
+    next: BTreeMap<NodeId, u64>,
+    hb_seq: u64,
+    hb_acked: BTreeMap<NodeId, u64>,
+    last_ack: BTreeMap<NodeId, Duration>,
+    since: Duration,
+    writes: BTreeMap<u64, RequestTag>,
+    reads: Vec<PendingRead>,
+    round_wanted: bool,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+struct PendingRead {
+    tag: RequestTag,
+    key: Vec<u8>,
+    read_index: u64,
+    round: u64,
+}
+
+/// Switches that break the protocol on purpose, so the model checker can prove it catches
+/// each break (PROTOCOL.md's mutation table). All off in real use.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub struct Mutations {
+    /// Promise without persisting `promised`.
+    pub skip_persist_promised: bool,
+    /// Compare logs by length (index) instead of `Pos`.
+    pub compare_logs_by_length: bool,
+    /// Count entries of older ballots for commit (Raft's Figure 8).
+    pub commit_old_ballot_entries: bool,
+    /// Serve reads without a heartbeat round.
+    pub read_without_round: bool,
+}
+
+/// One replica of one shard.
+///
+/// Inputs are `handle_*(now, ...)`; outputs are polled: [`poll_persist`](Self::poll_persist)
+/// (make it durable, then call [`handle_persisted`](Self::handle_persisted)),
+/// [`poll_message`](Self::poll_message) (send once its `after` batch is durable),
+/// [`poll_reply`](Self::poll_reply) (client answers) and [`poll_timeout`](Self::poll_timeout).
+/// No IO, no clock; jitter comes from the seed.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct ShardReplica {
+    shard: u16,
+    me: Member,
+    config: ReplicaConfig,
+    mutations: Mutations,
+    durable: Durable,
+    role: Role,
+    commit: u64,
+    leader_hint: Option<NodeId>,
+    last_heard: Option<Duration>,
+    highest_seen: u64,
+    dead: BTreeSet<NodeId>,
+    election_at: Option<Duration>,
+    heartbeat_at: Option<Duration>,
+    rng: u64,
+    open_batch: Vec<Change>,
+    next_batch: u64,
+    unpersisted: VecDeque<(BatchId, Duration, u64)>,
+    durable_last: u64,
+    pending_out: Vec<(Member, Message, bool)>,
+    outbox: VecDeque<Outgoing>,
+    persists: VecDeque<Persist>,
+    replies: VecDeque<(RequestTag, ClientReply)>,
+}
+
+impl ShardReplica {
+    /// A replica of `shard` on `me`, restarted from `durable` (or bootstrapped with
+    /// [`Durable::bootstrap`]). Volatile state starts empty: a follower without a leader.
+    pub fn new(
+        now: Duration,
+        shard: u16,
+        me: Member,
+        durable: Durable,
+        config: ReplicaConfig,
+        seed: u64,
+    ) -> Self {
+        let durable_last = durable.last().index;
+        let mut replica = ShardReplica {
+            shard,
+            me,
+            config,
+            mutations: Mutations::default(),
+            durable,
+            role: Role::Follower,
+            commit: 0,
+            leader_hint: None,
+            last_heard: None,
+            highest_seen: 0,
+            dead: BTreeSet::new(),
+            election_at: None,
+            heartbeat_at: None,
+            rng: seed | 1,
+            open_batch: Vec::new(),
+            next_batch: 0,
+            unpersisted: VecDeque::new(),
+            durable_last,
+            pending_out: Vec::new(),
+            outbox: VecDeque::new(),
+            persists: VecDeque::new(),
+            replies: VecDeque::new(),
+        };
+        replica.commit = replica.durable.applied;
+        replica.arm_election(now);
+        replica
+    }
+
+    /// Breaks the protocol on purpose (tests of the model checker only).
+    pub fn set_mutations(&mut self, mutations: Mutations) {
+        self.mutations = mutations;
+    }
+
+    // ---- accessors ----
+
+    /// The shard.
+    pub fn shard(&self) -> u16 {
+        self.shard
+    }
+
+    /// This replica's member.
+    pub fn me(&self) -> &Member {
+        &self.me
+    }
+
+    /// The durable state as the persisted batches build it.
+    pub fn durable(&self) -> &Durable {
+        &self.durable
+    }
+
+    /// The role.
+    pub fn role(&self) -> &Role {
+        &self.role
+    }
+
+    /// The commit index (volatile).
+    pub fn commit(&self) -> u64 {
+        self.commit
+    }
+
+    /// Who this replica believes leads.
+    pub fn leader_hint(&self) -> Option<&NodeId> {
+        self.leader_hint.as_ref()
+    }
+
+    /// The ballot this replica leads, once established (its `EpochStart` committed).
+    pub fn established_ballot(&self) -> Option<&Ballot> {
+        match &self.role {
+            Role::Leader(leader) if leader.established => Some(&leader.b),
+            _ => None,
+        }
+    }
+
+    /// The ballot this replica leads, established or not.
+    pub fn leading_ballot(&self) -> Option<&Ballot> {
+        match &self.role {
+            Role::Leader(leader) => Some(&leader.b),
+            _ => None,
+        }
+    }
+
+    // ---- outputs ----
+
+    /// The next batch to make durable.
+    pub fn poll_persist(&mut self) -> Option<Persist> {
+        self.persists.pop_front()
+    }
+
+    /// The next message.
+    pub fn poll_message(&mut self) -> Option<Outgoing> {
+        self.outbox.pop_front()
+    }
+
+    /// The next client answer.
+    pub fn poll_reply(&mut self) -> Option<(RequestTag, ClientReply)> {
+        self.replies.pop_front()
+    }
+
+    /// The next timer and when it is due.
+    pub fn poll_timeout(&self) -> Option<(Duration, Timer)> {
+        match (self.election_at, self.heartbeat_at) {
+            (Some(e), Some(h)) if h <= e => Some((h, Timer::Heartbeat)),
+            (Some(e), _) => Some((e, Timer::Election)),
+            (None, Some(h)) => Some((h, Timer::Heartbeat)),
+            (None, None) => None,
+        }
+    }
+
+    // ---- inputs ----
+
+    /// The members this node's view holds down (SWIM): they are skipped when ranking
+    /// candidates. Safety never depends on it.
+    pub fn handle_view(&mut self, now: Duration, dead: BTreeSet<NodeId>) {
+        self.dead = dead;
+        if matches!(self.role, Role::Follower) {
+            self.arm_election(now);
+        }
+    }
+
+    /// Batch `batch` (and every earlier one) is durable.
+    pub fn handle_persisted(&mut self, now: Duration, batch: BatchId) {
+        while let Some(&(id, _, last)) = self.unpersisted.front() {
+            if id > batch {
+                break;
+            }
+            self.unpersisted.pop_front();
+            self.durable_last = self.durable_last.max(last);
+        }
+        self.durable_last = self.durable_last.min(self.durable.last().index);
+        if matches!(self.role, Role::Leader(_)) {
+            self.advance_commit(now);
+        }
+        self.finish(now);
+    }
+
+    /// A timer fired (the shell calls this at the deadline from `poll_timeout`; a model may
+    /// call it at any time).
+    pub fn handle_timeout(&mut self, now: Duration, timer: Timer) {
+        match timer {
+            Timer::Election => {
+                if !matches!(self.role, Role::Leader(_)) {
+                    self.stand(now, None);
+                }
+            }
+            Timer::Heartbeat => self.heartbeat(now),
+        }
+        self.finish(now);
+    }
+
+    /// A client attempt.
+    pub fn handle_client(&mut self, now: Duration, tag: RequestTag, op: ClientOp) {
+        let established = matches!(&self.role, Role::Leader(leader) if leader.established);
+        if !established {
+            let reply = self.redirect();
+            self.replies.push_back((tag, reply));
+            return;
+        }
+        match op {
+            ClientOp::Get { key } => {
+                let Role::Leader(leader) = &mut self.role else {
+                    unreachable!("checked above")
+                };
+                if self.mutations.read_without_round {
+                    let value = self.durable.kv.get(&key).cloned();
+                    self.replies.push_back((tag, ClientReply::Ok { value }));
+                    return;
+                }
+                leader.reads.push(PendingRead {
+                    tag,
+                    key,
+                    read_index: self.commit,
+                    round: 0,
+                });
+                leader.round_wanted = true;
+            }
+            ClientOp::Put { key, value } => self.append_write(now, tag, Op::Put { key, value }),
+            ClientOp::Del { key } => self.append_write(now, tag, Op::Del { key }),
+        }
+        self.finish(now);
+    }
+
+    /// A message from replica `from`, addressed to `to`.
+    pub fn handle_message(&mut self, now: Duration, from: Member, to: Member, message: Message) {
+        if to != self.me {
+            if let Message::Prepare { b, .. } = message {
+                self.send(
+                    from,
+                    Message::Reject {
+                        b,
+                        reason: RejectReason::NoState,
+                    },
+                    false,
+                );
+            }
+            self.finish(now);
+            return;
+        }
+        match message {
+            Message::Prepare {
+                b,
+                last,
+                commit,
+                handoff_from,
+            } => self.on_prepare(now, from, b, last, commit, handoff_from),
+            Message::Promise {
+                b,
+                last,
+                config,
+                suffix,
+            } => self.on_promise(now, from, b, last, config, suffix),
+            Message::Reject { b, reason } => self.on_reject(now, b, reason),
+            Message::Append {
+                b,
+                prev,
+                entries,
+                commit,
+                hb_seq,
+            } => self.on_append(now, from, b, prev, entries, commit, hb_seq),
+            Message::AppendOk { b, matched, hb_seq } => {
+                self.on_append_ok(now, from, b, matched, hb_seq);
+            }
+            Message::AppendNack { b, reason } => self.on_append_nack(now, from, b, reason),
+            Message::TimeoutNow { b } => {
+                if !matches!(self.role, Role::Leader(_)) {
+                    self.stand(now, Some(b));
+                }
+            }
+        }
+        self.finish(now);
+    }
+
+    // ---- R1: acceptor ----
+
+    fn on_prepare(
+        &mut self,
+        now: Duration,
+        from: Member,
+        b: Ballot,
+        last: Pos,
+        commit: u64,
+        handoff_from: Option<Ballot>,
+    ) {
+        self.highest_seen = self.highest_seen.max(b.n);
+        if let Some(promised) = &self.durable.promised
+            && b <= *promised
+        {
+            let reason = RejectReason::Higher(promised.clone());
+            self.send(from, Message::Reject { b, reason }, false);
+            return;
+        }
+        if let Some(leader) = self.sticky_leader(now)
+            && handoff_from.as_ref().is_none_or(|h| h.node != leader)
+        {
+            let reason = RejectReason::Sticky(leader);
+            self.send(from, Message::Reject { b, reason }, false);
+            return;
+        }
+        let mine = self.durable.last();
+        let more_up_to_date = if self.mutations.compare_logs_by_length {
+            mine.index > last.index
+        } else {
+            mine > last
+        };
+        if more_up_to_date && !self.durable.active_config().is_voter(&from) {
+            let reason = RejectReason::NotVoter(mine, self.durable.active_config().clone());
+            self.send(from, Message::Reject { b, reason }, false);
+            return;
+        }
+        self.step_down(now);
+        self.promise(b.clone());
+        let suffix = self.durable.entries_after(commit);
+        let suffix = (suffix.len() <= self.config.max_adopt).then(|| suffix.to_vec());
+        let promise = Message::Promise {
+            b,
+            last: mine,
+            config: self.durable.active_config().clone(),
+            suffix,
+        };
+        self.send(from, promise, true);
+        self.arm_election(now);
+    }
+
+    /// The leader heard from within `T_elect` (a leader has heard itself).
+    fn sticky_leader(&self, now: Duration) -> Option<NodeId> {
+        match &self.role {
+            Role::Leader(_) => Some(self.me.node.clone()),
+            _ => {
+                let heard = self.last_heard?;
+                (now.saturating_sub(heard) < self.config.t_elect)
+                    .then(|| self.leader_hint.clone())
+                    .flatten()
+            }
+        }
+    }
+
+    fn promise(&mut self, b: Ballot) {
+        self.durable.promised = Some(b.clone());
+        if !self.mutations.skip_persist_promised {
+            self.open_batch.push(Change::Promised(b));
+        }
+    }
+
+    // ---- R2, R3: candidate ----
+
+    fn rank(&self) -> Option<u32> {
+        let mut rank = 0;
+        for voter in &self.durable.active_config().voters {
+            if voter == &self.me {
+                return Some(rank);
+            }
+            if !self.dead.contains(&voter.node) {
+                rank += 1;
+            }
+        }
+        None
+    }
+
+    fn random_below(&mut self, limit: Duration) -> Duration {
+        // xorshift64*: deterministic from the seed.
+        self.rng ^= self.rng >> 12;
+        self.rng ^= self.rng << 25;
+        self.rng ^= self.rng >> 27;
+        let draw = self.rng.wrapping_mul(0x2545_f491_4f6c_dd1d);
+        let nanos = u64::try_from(limit.as_nanos()).unwrap_or(u64::MAX);
+        Duration::from_nanos(if nanos == 0 { 0 } else { draw % nanos })
+    }
+
+    fn arm_election(&mut self, now: Duration) {
+        self.election_at = match self.rank() {
+            Some(rank) => {
+                let from = self.last_heard.map_or(now, |heard| heard.max(now));
+                let jitter = self.random_below(self.config.jitter);
+                Some(from + self.config.t_elect + self.config.t_step * rank + jitter)
+            }
+            None => None,
+        };
+    }
+
+    fn stand(&mut self, now: Duration, handoff_from: Option<Ballot>) {
+        if self.rank().is_none() {
+            self.election_at = None;
+            return;
+        }
+        let promised_n = self.durable.promised.as_ref().map_or(0, |b| b.n);
+        let b = Ballot {
+            n: 1 + promised_n.max(self.highest_seen),
+            node: self.me.node.clone(),
+        };
+        self.highest_seen = b.n;
+        self.step_down(now);
+        self.promise(b.clone());
+        let last = self.durable.last();
+        let config = self.durable.active_config().clone();
+        let own_suffix = Some(self.durable.entries_after(self.commit).to_vec());
+        let mut promises = BTreeMap::new();
+        promises.insert(
+            self.me.node.clone(),
+            ReceivedPromise {
+                member: self.me.clone(),
+                last: last.clone(),
+                config: config.clone(),
+                suffix: own_suffix,
+            },
+        );
+        let mut asked = BTreeSet::new();
+        asked.insert(self.me.node.clone());
+        let prepare = Message::Prepare {
+            b: b.clone(),
+            last,
+            commit: self.commit,
+            handoff_from: handoff_from.clone(),
+        };
+        let others: Vec<Member> = config
+            .voters
+            .iter()
+            .filter(|v| v.node != self.me.node)
+            .cloned()
+            .collect();
+        for voter in others {
+            asked.insert(voter.node.clone());
+            self.send(voter, prepare.clone(), true);
+        }
+        self.role = Role::Candidate(Candidate {
+            b,
+            commit_at_prepare: self.commit,
+            handoff_from,
+            promises,
+            asked,
+        });
+        let retry = self.random_below(self.config.jitter);
+        self.election_at = Some(now + self.config.t_elect + retry);
+        self.evaluate_promises(now);
+    }
+
+    fn on_promise(
+        &mut self,
+        now: Duration,
+        from: Member,
+        b: Ballot,
+        last: Pos,
+        config: Config,
+        suffix: Option<Vec<Entry>>,
+    ) {
+        let Role::Candidate(candidate) = &mut self.role else {
+            return;
+        };
+        if candidate.b != b {
+            return;
+        }
+        let promise = ReceivedPromise {
+            member: from.clone(),
+            last,
+            config,
+            suffix,
+        };
+        candidate.promises.insert(from.node, promise);
+        self.evaluate_promises(now);
+    }
+
+    fn evaluate_promises(&mut self, now: Duration) {
+        let Role::Candidate(candidate) = &self.role else {
+            return;
+        };
+        let by_length = self.mutations.compare_logs_by_length;
+        let Some((owner, best)) = candidate.promises.iter().max_by(|(_, a), (_, b)| {
+            if by_length {
+                a.last.index.cmp(&b.last.index)
+            } else {
+                a.last.cmp(&b.last)
+            }
+        }) else {
+            return;
+        };
+        let owner = owner.clone();
+        let config = best.config.clone();
+        if !config.is_voter(&self.me) {
+            self.abandon(now);
+            return;
+        }
+        let counted = candidate
+            .promises
+            .values()
+            .filter(|promise| config.is_voter(&promise.member))
+            .count();
+        if counted < config.majority() {
+            let b = candidate.b.clone();
+            let prepare = Message::Prepare {
+                b,
+                last: self.durable.last(),
+                commit: candidate.commit_at_prepare,
+                handoff_from: candidate.handoff_from.clone(),
+            };
+            let unasked: Vec<Member> = config
+                .voters
+                .iter()
+                .filter(|voter| !candidate.asked.contains(&voter.node))
+                .cloned()
+                .collect();
+            for voter in unasked {
+                if let Role::Candidate(candidate) = &mut self.role {
+                    candidate.asked.insert(voter.node.clone());
+                }
+                self.send(voter, prepare.clone(), true);
+            }
+            return;
+        }
+        self.adopt(now, &owner);
+    }
+
+    fn adopt(&mut self, now: Duration, owner: &NodeId) {
+        let Role::Candidate(candidate) = std::mem::replace(&mut self.role, Role::Follower) else {
+            return;
+        };
+        let b = candidate.b.clone();
+        if owner != &self.me.node {
+            let Some(best) = candidate.promises.get(owner) else {
+                return;
+            };
+            let Some(suffix) = best.suffix.clone() else {
+                // Too far ahead to adopt: let the owner lead.
+                self.send(best.member.clone(), Message::TimeoutNow { b }, false);
+                self.arm_election(now);
+                return;
+            };
+            self.truncate_after(candidate.commit_at_prepare);
+            self.append(suffix);
+        }
+        let index = self.durable.last().index + 1;
+        self.append(vec![Entry {
+            ballot: b.clone(),
+            index,
+            op: Op::EpochStart,
+            tag: None,
+        }]);
+        let voters = self.durable.active_config().voters.clone();
+        let mut leader = Leader {
+            b: b.clone(),
+            epoch_index: index,
+            established: false,
+            matched: BTreeMap::new(),
+            next: BTreeMap::new(),
+            hb_seq: 0,
+            hb_acked: BTreeMap::new(),
+            last_ack: BTreeMap::new(),
+            since: now,
+            writes: BTreeMap::new(),
+            reads: Vec::new(),
+            round_wanted: false,
+        };
+        for voter in voters.iter().filter(|v| v.node != self.me.node) {
+            leader
+                .next
+                .insert(voter.node.clone(), candidate.commit_at_prepare + 1);
+            leader.matched.insert(voter.node.clone(), 0);
+        }
+        self.role = Role::Leader(leader);
+        self.leader_hint = Some(self.me.node.clone());
+        self.election_at = None;
+        self.heartbeat(now);
+    }
+
+    fn abandon(&mut self, now: Duration) {
+        self.role = Role::Follower;
+        self.arm_election(now);
+    }
+
+    fn on_reject(&mut self, now: Duration, b: Ballot, reason: RejectReason) {
+        let Role::Candidate(candidate) = &self.role else {
+            return;
+        };
+        if candidate.b != b {
+            return;
+        }
+        match reason {
+            RejectReason::Higher(higher) => {
+                self.highest_seen = self.highest_seen.max(higher.n);
+                self.abandon(now);
+            }
+            RejectReason::Sticky(leader) => {
+                self.leader_hint = Some(leader);
+                self.abandon(now);
+            }
+            RejectReason::NoState => {}
+            RejectReason::NotVoter(_, config) => {
+                // R2.3: a newer config exists; ask its voters too.
+                let prepare = Message::Prepare {
+                    b: b.clone(),
+                    last: self.durable.last(),
+                    commit: candidate.commit_at_prepare,
+                    handoff_from: candidate.handoff_from.clone(),
+                };
+                let unasked: Vec<Member> = config
+                    .voters
+                    .iter()
+                    .filter(|voter| !candidate.asked.contains(&voter.node))
+                    .cloned()
+                    .collect();
+                for voter in unasked {
+                    if let Role::Candidate(candidate) = &mut self.role {
+                        candidate.asked.insert(voter.node.clone());
+                    }
+                    self.send(voter, prepare.clone(), true);
+                }
+            }
+        }
+    }
+
+    // ---- R4: replication ----
+
+    #[allow(clippy::too_many_arguments)]
+    fn on_append(
+        &mut self,
+        now: Duration,
+        from: Member,
+        b: Ballot,
+        prev: Pos,
+        entries: Vec<Entry>,
+        leader_commit: u64,
+        hb_seq: u64,
+    ) {
+        self.highest_seen = self.highest_seen.max(b.n);
+        if let Some(promised) = &self.durable.promised
+            && b < *promised
+        {
+            let reason = NackReason::Higher(promised.clone());
+            self.send(from, Message::AppendNack { b, reason }, false);
+            return;
+        }
+        if self.durable.promised.as_ref() != Some(&b) {
+            self.promise(b.clone());
+        }
+        if self.leading_ballot() != Some(&b) {
+            self.step_down(now);
+        }
+        self.leader_hint = Some(b.node.clone());
+        self.last_heard = Some(now);
+        self.arm_election(now);
+        if self.durable.pos_at(prev.index) != Some(prev.clone()) {
+            let reason = NackReason::Conflict {
+                last: self.durable.last().index,
+            };
+            self.send(from, Message::AppendNack { b, reason }, true);
+            return;
+        }
+        let mut matched = prev.index;
+        let mut missing = Vec::new();
+        for entry in entries {
+            match self.durable.entry(entry.index) {
+                Some(mine) if mine.ballot == entry.ballot => {}
+                Some(_) => {
+                    assert!(
+                        entry.index > self.commit,
+                        "R4: a committed entry would be truncated"
+                    );
+                    self.truncate_after(entry.index - 1);
+                    missing.push(entry.clone());
+                }
+                None => missing.push(entry.clone()),
+            }
+            matched = entry.index;
+        }
+        if !missing.is_empty() {
+            self.append(missing);
+        }
+        let new_commit = leader_commit.min(matched).max(self.commit);
+        if new_commit > self.commit {
+            self.commit = new_commit;
+            self.apply_committed();
+        }
+        self.send(from, Message::AppendOk { b, matched, hb_seq }, true);
+    }
+
+    fn on_append_ok(&mut self, now: Duration, from: Member, b: Ballot, matched: u64, hb_seq: u64) {
+        let Role::Leader(leader) = &mut self.role else {
+            return;
+        };
+        if leader.b != b {
+            return;
+        }
+        let node = from.node.clone();
+        let known = leader.matched.entry(node.clone()).or_insert(0);
+        *known = (*known).max(matched);
+        let next = leader.next.entry(node.clone()).or_insert(matched + 1);
+        *next = (*next).max(matched + 1);
+        let acked = leader.hb_acked.entry(node.clone()).or_insert(0);
+        *acked = (*acked).max(hb_seq);
+        leader.last_ack.insert(node, now);
+        self.advance_commit(now);
+        self.serve_reads();
+        self.send_appends(false);
+    }
+
+    fn on_append_nack(&mut self, now: Duration, from: Member, b: Ballot, reason: NackReason) {
+        let Role::Leader(leader) = &mut self.role else {
+            return;
+        };
+        if leader.b != b {
+            return;
+        }
+        match reason {
+            NackReason::Higher(higher) => {
+                self.highest_seen = self.highest_seen.max(higher.n);
+                self.step_down(now);
+                self.arm_election(now);
+            }
+            NackReason::Conflict { last } => {
+                let next = leader.next.entry(from.node.clone()).or_insert(1);
+                *next = (*next).saturating_sub(1).min(last + 1).max(1);
+                self.send_appends(false);
+            }
+        }
+    }
+
+    fn append_write(&mut self, now: Duration, tag: RequestTag, op: Op) {
+        let Role::Leader(leader) = &self.role else {
+            return;
+        };
+        let index = self.durable.last().index + 1;
+        let entry = Entry {
+            ballot: leader.b.clone(),
+            index,
+            op,
+            tag: Some(tag),
+        };
+        self.append(vec![entry]);
+        if let Role::Leader(leader) = &mut self.role {
+            leader.writes.insert(index, tag);
+        }
+        let _ = now;
+        self.send_appends(false);
+    }
+
+    /// Sends each follower what it lacks; with `round`, a heartbeat round to all.
+    fn send_appends(&mut self, round: bool) {
+        let Role::Leader(leader) = &self.role else {
+            return;
+        };
+        let b = leader.b.clone();
+        let hb_seq = leader.hb_seq;
+        let last = self.durable.last().index;
+        let voters = self.durable.active_config().voters.clone();
+        let mut sends = Vec::new();
+        for voter in voters.iter().filter(|v| v.node != self.me.node) {
+            let next = leader.next.get(&voter.node).copied().unwrap_or(last + 1);
+            if next > last && !round {
+                continue;
+            }
+            let Some(prev) = self.durable.pos_at(next.saturating_sub(1)) else {
+                continue;
+            };
+            let entries: Vec<Entry> = self
+                .durable
+                .entries_after(next.saturating_sub(1))
+                .iter()
+                .take(self.config.max_append)
+                .cloned()
+                .collect();
+            let sent_to = prev.index + entries.len() as u64;
+            sends.push((
+                voter.clone(),
+                Message::Append {
+                    b: b.clone(),
+                    prev,
+                    entries,
+                    commit: self.commit,
+                    hb_seq,
+                },
+                sent_to,
+            ));
+        }
+        for (voter, message, sent_to) in sends {
+            if let Role::Leader(leader) = &mut self.role {
+                leader.next.insert(voter.node.clone(), sent_to + 1);
+            }
+            self.send(voter, message, false);
+        }
+    }
+
+    fn advance_commit(&mut self, now: Duration) {
+        let Role::Leader(leader) = &self.role else {
+            return;
+        };
+        let config = self.durable.active_config();
+        let last = self.durable.last().index;
+        let mut new_commit = self.commit;
+        for index in (self.commit + 1..=last).rev() {
+            let Some(entry) = self.durable.entry(index) else {
+                continue;
+            };
+            if entry.ballot != leader.b && !self.mutations.commit_old_ballot_entries {
+                continue;
+            }
+            let holders = config
+                .voters
+                .iter()
+                .filter(|voter| {
+                    if voter.node == self.me.node {
+                        self.durable_last >= index
+                    } else {
+                        leader.matched.get(&voter.node).copied().unwrap_or(0) >= index
+                    }
+                })
+                .count();
+            if holders >= config.majority() {
+                new_commit = index;
+                break;
+            }
+        }
+        if new_commit > self.commit {
+            self.commit = new_commit;
+            self.apply_committed();
+            if let Role::Leader(leader) = &mut self.role
+                && self.commit >= leader.epoch_index
+            {
+                leader.established = true;
+            }
+            self.serve_reads();
+        }
+        let _ = now;
+    }
+
+    fn apply_committed(&mut self) {
+        while self.durable.applied < self.commit {
+            let index = self.durable.applied + 1;
+            let Some(entry) = self.durable.entry(index).cloned() else {
+                break;
+            };
+            let writes = match entry.op {
+                Op::Put { key, value } => {
+                    self.durable.kv.insert(key.clone(), value.clone());
+                    vec![(key, Some(value))]
+                }
+                Op::Del { key } => {
+                    self.durable.kv.remove(&key);
+                    vec![(key, None)]
+                }
+                Op::EpochStart | Op::Config(_) => Vec::new(),
+            };
+            self.durable.applied = index;
+            self.open_batch.push(Change::Applied { index, writes });
+            if let Role::Leader(leader) = &mut self.role
+                && let Some(tag) = leader.writes.remove(&index)
+            {
+                self.replies
+                    .push_back((tag, ClientReply::Ok { value: None }));
+            }
+        }
+    }
+
+    // ---- R9: reads ----
+
+    fn serve_reads(&mut self) {
+        let Role::Leader(leader) = &mut self.role else {
+            return;
+        };
+        if !leader.established {
+            return;
+        }
+        let config = self.durable.active_config();
+        let applied = self.durable.applied;
+        let mut served = Vec::new();
+        leader.reads.retain(|read| {
+            if read.round == 0 || applied < read.read_index {
+                return true;
+            }
+            let acked = config
+                .voters
+                .iter()
+                .filter(|voter| {
+                    voter.node == self.me.node
+                        || leader.hb_acked.get(&voter.node).copied().unwrap_or(0) >= read.round
+                })
+                .count();
+            if acked >= config.majority() {
+                served.push((read.tag, self.durable.kv.get(&read.key).cloned()));
+                false
+            } else {
+                true
+            }
+        });
+        for (tag, value) in served {
+            self.replies.push_back((tag, ClientReply::Ok { value }));
+        }
+    }
+
+    // ---- R11: heartbeats and check-quorum ----
+
+    fn heartbeat(&mut self, now: Duration) {
+        let Role::Leader(leader) = &mut self.role else {
+            self.heartbeat_at = None;
+            return;
+        };
+        // Check-quorum: a majority acknowledged within T_elect (the leader counts itself).
+        let config = self.durable.active_config();
+        let window_start = now.saturating_sub(self.config.t_elect);
+        let recent = config
+            .voters
+            .iter()
+            .filter(|voter| {
+                voter.node == self.me.node
+                    || leader
+                        .last_ack
+                        .get(&voter.node)
+                        .is_some_and(|at| *at >= window_start)
+            })
+            .count();
+        let settled = now.saturating_sub(leader.since) >= self.config.t_elect;
+        let disk_stuck = self
+            .unpersisted
+            .front()
+            .is_some_and(|(_, since, _)| now.saturating_sub(*since) > self.config.t_disk);
+        if (settled && recent < config.majority()) || disk_stuck {
+            self.step_down(now);
+            self.arm_election(now);
+            return;
+        }
+        leader.hb_seq += 1;
+        let round = leader.hb_seq;
+        for read in leader.reads.iter_mut().filter(|read| read.round == 0) {
+            read.round = round;
+        }
+        leader.round_wanted = false;
+        self.send_appends(true);
+        self.heartbeat_at = Some(now + self.config.heartbeat);
+    }
+
+    // ---- role changes ----
+
+    /// Leaves leadership or candidacy: appended writes are indeterminate, reads unavailable.
+    fn step_down(&mut self, now: Duration) {
+        match std::mem::replace(&mut self.role, Role::Follower) {
+            Role::Leader(leader) => {
+                for (_, tag) in leader.writes {
+                    self.replies.push_back((tag, ClientReply::Indeterminate));
+                }
+                for read in leader.reads {
+                    self.replies.push_back((read.tag, ClientReply::Unavailable));
+                }
+                self.leader_hint = None;
+                self.heartbeat_at = None;
+            }
+            Role::Candidate(_) | Role::Follower => {}
+        }
+        let _ = now;
+    }
+
+    fn redirect(&self) -> ClientReply {
+        match &self.leader_hint {
+            Some(leader) if leader != &self.me.node => ClientReply::Moved {
+                b: self.durable.promised.clone(),
+                leader: Some(leader.clone()),
+            },
+            _ => ClientReply::Unavailable,
+        }
+    }
+
+    // ---- durable changes and sends ----
+
+    fn truncate_after(&mut self, index: u64) {
+        if self.durable.last().index <= index {
+            return;
+        }
+        assert!(
+            index >= self.durable.applied,
+            "R4: an applied entry would be truncated"
+        );
+        let keep = usize::try_from(index - self.durable.base.pos.index).unwrap_or(usize::MAX);
+        self.durable.log.truncate(keep);
+        self.open_batch.push(Change::Truncate { from: index + 1 });
+        self.durable_last = self.durable_last.min(index);
+        for (_, _, last) in self.unpersisted.iter_mut() {
+            *last = (*last).min(index);
+        }
+    }
+
+    fn append(&mut self, entries: Vec<Entry>) {
+        if entries.is_empty() {
+            return;
+        }
+        self.durable.log.extend(entries.iter().cloned());
+        self.open_batch.push(Change::Append(entries));
+    }
+
+    fn send(&mut self, to: Member, message: Message, needs_durable: bool) {
+        self.pending_out.push((to, message, needs_durable));
+    }
+
+    /// Closes the handler: the open batch becomes a `Persist`, pending messages are tagged
+    /// with the batch they wait for, and a wanted read round goes out.
+    fn finish(&mut self, now: Duration) {
+        if let Role::Leader(leader) = &self.role
+            && leader.round_wanted
+        {
+            self.heartbeat(now);
+        }
+        if !self.open_batch.is_empty() {
+            let batch = BatchId(self.next_batch);
+            self.next_batch += 1;
+            let changes = std::mem::take(&mut self.open_batch);
+            self.unpersisted
+                .push_back((batch, now, self.durable.last().index));
+            self.persists.push_back(Persist { batch, changes });
+        }
+        let wait_for = self.unpersisted.back().map(|(batch, ..)| *batch);
+        for (to, message, needs_durable) in self.pending_out.drain(..) {
+            self.outbox.push_back(Outgoing {
+                to,
+                message,
+                after: if needs_durable { wait_for } else { None },
+            });
+        }
+    }
+}

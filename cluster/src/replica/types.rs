@@ -1,0 +1,295 @@
+//! The protocol's vocabulary: members, ballots, positions, entries, configs, messages.
+
+use serde::{Deserialize, Serialize};
+use topology::NodeId;
+
+use crate::identity::node_id_serde;
+
+/// A random id created with a node's data dir: a wiped node is a new member.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+pub struct StorageId(pub u128);
+
+/// A replica's identity in a config: the node and the storage it runs on.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+pub struct Member {
+    /// The node.
+    #[serde(with = "node_id_serde")]
+    pub node: NodeId,
+    /// Its storage.
+    pub storage: StorageId,
+}
+
+/// `(n, node)`, ordered lexicographically; only `node` proposes its ballots. Printed `n.node`;
+/// DESIGN.md calls it the shard's epoch.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+pub struct Ballot {
+    /// The round.
+    pub n: u64,
+    /// The proposer.
+    #[serde(with = "node_id_serde")]
+    pub node: NodeId,
+}
+
+impl std::fmt::Display for Ballot {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}.{}", self.n, self.node)
+    }
+}
+
+/// A log position `(ballot, index)`, ordered lexicographically: how up to date a log is.
+/// `ballot` is `None` only for the empty log's origin.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+pub struct Pos {
+    /// The ballot of the entry at `index`.
+    pub ballot: Option<Ballot>,
+    /// The index.
+    pub index: u64,
+}
+
+impl Pos {
+    /// The position before the first entry.
+    pub const ORIGIN: Pos = Pos {
+        ballot: None,
+        index: 0,
+    };
+}
+
+/// Which client attempt an entry carries, so its answer can find the client.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+pub struct RequestTag {
+    /// The client.
+    pub client: u64,
+    /// The client's request number.
+    pub req: u64,
+    /// The attempt (a retry of the same request is a new attempt).
+    pub attempt: u32,
+}
+
+/// What an entry does.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub enum Op {
+    /// Set `key` to `value`.
+    Put {
+        /// The key.
+        key: Vec<u8>,
+        /// The value.
+        value: Vec<u8>,
+    },
+    /// Remove `key`.
+    Del {
+        /// The key.
+        key: Vec<u8>,
+    },
+    /// A new leader's first entry; once committed, the leader is established.
+    EpochStart,
+    /// A new config, in effect from when it is appended.
+    Config(Config),
+}
+
+/// One log entry.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct Entry {
+    /// The ballot of the leader that appended it.
+    pub ballot: Ballot,
+    /// Its index (the first entry has index 1).
+    pub index: u64,
+    /// What it does.
+    pub op: Op,
+    /// The client attempt it came from, for writes.
+    pub tag: Option<RequestTag>,
+}
+
+impl Entry {
+    /// The entry's position.
+    pub fn pos(&self) -> Pos {
+        Pos {
+            ballot: Some(self.ballot.clone()),
+            index: self.index,
+        }
+    }
+}
+
+/// A shard's replica set: voters (placement target order, leader first) and learners.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Default, Serialize, Deserialize)]
+pub struct Config {
+    /// Members whose promises and acknowledgements count.
+    pub voters: Vec<Member>,
+    /// Members catching up; they never count.
+    pub learners: Vec<Member>,
+}
+
+impl Config {
+    /// `⌊|voters|/2⌋ + 1`.
+    pub fn majority(&self) -> usize {
+        self.voters.len() / 2 + 1
+    }
+
+    /// Whether `member` (node and storage) is a voter.
+    pub fn is_voter(&self, member: &Member) -> bool {
+        self.voters.contains(member)
+    }
+
+    /// The voter on `node`, if any.
+    pub fn voter_on(&self, node: &NodeId) -> Option<&Member> {
+        self.voters.iter().find(|voter| &voter.node == node)
+    }
+}
+
+/// Why an acceptor refused a `Prepare`; its state did not change.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub enum RejectReason {
+    /// It promised a higher (or equal) ballot.
+    Higher(Ballot),
+    /// It heard from this leader within `T_elect`.
+    Sticky(#[serde(with = "node_id_serde")] NodeId),
+    /// It has no state for the shard, or another storage.
+    NoState,
+    /// Its log is more up to date and the candidate is not a voter of its config.
+    NotVoter(Pos, Config),
+}
+
+/// Why a follower refused an `Append`.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub enum NackReason {
+    /// It promised a higher ballot.
+    Higher(Ballot),
+    /// It does not hold `prev`; its last index is the hint.
+    Conflict {
+        /// The follower's last index.
+        last: u64,
+    },
+}
+
+/// A replica-to-replica message of one shard.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub enum Message {
+    /// A candidate asks for a promise (R1, R2).
+    Prepare {
+        /// The candidate's ballot.
+        b: Ballot,
+        /// Its last position.
+        last: Pos,
+        /// Its commit index: promises carry the entries after it.
+        commit: u64,
+        /// The current leader's ballot (which names it) when it asked the candidate to stand
+        /// (R7).
+        handoff_from: Option<Ballot>,
+    },
+    /// An acceptor promises `b`.
+    Promise {
+        /// The ballot promised.
+        b: Ballot,
+        /// The acceptor's last position.
+        last: Pos,
+        /// The acceptor's active config.
+        config: Config,
+        /// Its entries after the candidate's commit, or `None` if too many.
+        suffix: Option<Vec<Entry>>,
+    },
+    /// An acceptor refuses `b`.
+    Reject {
+        /// The ballot refused.
+        b: Ballot,
+        /// Why.
+        reason: RejectReason,
+    },
+    /// Entries (or a heartbeat) from the leader of `b` (R4).
+    Append {
+        /// The leader's ballot.
+        b: Ballot,
+        /// The position just before `entries`.
+        prev: Pos,
+        /// The entries.
+        entries: Vec<Entry>,
+        /// The leader's commit index.
+        commit: u64,
+        /// The heartbeat round (R9).
+        hb_seq: u64,
+    },
+    /// The follower holds the leader's log up to `matched`.
+    AppendOk {
+        /// The leader's ballot.
+        b: Ballot,
+        /// The follower's last index matching the leader's log.
+        matched: u64,
+        /// The round acknowledged.
+        hb_seq: u64,
+    },
+    /// The follower refused an `Append`.
+    AppendNack {
+        /// The ballot refused.
+        b: Ballot,
+        /// Why.
+        reason: NackReason,
+    },
+    /// The leader of `b` asks the receiver to stand now (R7).
+    TimeoutNow {
+        /// The sender's ballot.
+        b: Ballot,
+    },
+}
+
+/// A client operation.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub enum ClientOp {
+    /// Write `value` under `key`.
+    Put {
+        /// The key.
+        key: Vec<u8>,
+        /// The value.
+        value: Vec<u8>,
+    },
+    /// Remove `key`.
+    Del {
+        /// The key.
+        key: Vec<u8>,
+    },
+    /// Read `key` (linearizable, through ReadIndex).
+    Get {
+        /// The key.
+        key: Vec<u8>,
+    },
+}
+
+/// The answer to a client attempt (R10). `Moved` and `Unavailable` are definite: the attempt
+/// was never appended and never will be.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub enum ClientReply {
+    /// Committed (writes) or read at a linearizable point (reads; `value` is the value).
+    Ok {
+        /// The value read, for `Get`.
+        value: Option<Vec<u8>>,
+    },
+    /// Not the leader; try the hinted one.
+    Moved {
+        /// The durable ballot of this replica.
+        b: Option<Ballot>,
+        /// Who it believes leads.
+        #[serde(with = "option_node_id")]
+        leader: Option<NodeId>,
+    },
+    /// No established leader here and none known, or the leader lost its quorum.
+    Unavailable,
+    /// Appended but not known to be committed when leadership was lost.
+    Indeterminate,
+}
+
+mod option_node_id {
+    use serde::{Deserialize, Deserializer, Serialize, Serializer};
+    use topology::NodeId;
+
+    pub(crate) fn serialize<S: Serializer>(
+        id: &Option<NodeId>,
+        serializer: S,
+    ) -> Result<S::Ok, S::Error> {
+        id.as_ref().map(NodeId::as_str).serialize(serializer)
+    }
+
+    pub(crate) fn deserialize<'de, D: Deserializer<'de>>(
+        deserializer: D,
+    ) -> Result<Option<NodeId>, D::Error> {
+        Option::<String>::deserialize(deserializer)?
+            .map(|text| NodeId::new(&text).map_err(serde::de::Error::custom))
+            .transpose()
+    }
+}

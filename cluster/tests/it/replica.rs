@@ -1,0 +1,288 @@
+//! Shard replicas on a deterministic in-memory network: elections, replication, failover,
+//! reads. Persistence completes at once; messages are delivered in seeded random order.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use cluster::replica::{
+    BatchId, ClientOp, ClientReply, Config, Durable, Member, Outgoing, ReplicaConfig, RequestTag,
+    ShardReplica, StorageId,
+};
+use rand::rngs::StdRng;
+use rand::{RngExt, SeedableRng};
+
+use crate::net::{name, seeds};
+
+fn member(index: usize) -> Member {
+    Member {
+        node: name(index),
+        storage: StorageId(100 + index as u128),
+    }
+}
+
+pub(crate) struct Group {
+    pub(crate) now: Duration,
+    pub(crate) replicas: Vec<Option<ShardReplica>>,
+    /// What each crashed replica had persisted.
+    saved: Vec<Durable>,
+    flights: Vec<(Member, Outgoing)>,
+    rng: StdRng,
+    pub(crate) replies: BTreeMap<RequestTag, ClientReply>,
+    pub(crate) seed: u64,
+}
+
+impl Group {
+    pub(crate) fn new(size: usize, seed: u64) -> Self {
+        let config = Config {
+            voters: (0..size).map(member).collect(),
+            learners: Vec::new(),
+        };
+        let replicas = (0..size)
+            .map(|i| {
+                Some(ShardReplica::new(
+                    Duration::ZERO,
+                    42,
+                    member(i),
+                    Durable::bootstrap(config.clone()),
+                    ReplicaConfig::default(),
+                    seed * 31 + i as u64,
+                ))
+            })
+            .collect();
+        Group {
+            now: Duration::ZERO,
+            replicas,
+            saved: vec![Durable::bootstrap(config); size],
+            flights: Vec::new(),
+            rng: StdRng::seed_from_u64(seed),
+            replies: BTreeMap::new(),
+            seed,
+        }
+    }
+
+    /// Drains replica `i`: persists at once, queues its messages, collects replies.
+    fn drain(&mut self, i: usize) {
+        let Some(replica) = self.replicas[i].as_mut() else {
+            return;
+        };
+        loop {
+            let mut progressed = false;
+            while let Some(persist) = replica.poll_persist() {
+                progressed = true;
+                replica.handle_persisted(self.now, persist.batch);
+                self.saved[i] = replica.durable().clone();
+            }
+            while let Some(outgoing) = replica.poll_message() {
+                progressed = true;
+                self.flights.push((replica.me().clone(), outgoing));
+            }
+            while let Some((tag, reply)) = replica.poll_reply() {
+                progressed = true;
+                self.replies.insert(tag, reply);
+            }
+            if !progressed {
+                break;
+            }
+        }
+        let _ = BatchId(0);
+    }
+
+    pub(crate) fn crash(&mut self, i: usize) {
+        self.replicas[i] = None;
+    }
+
+    pub(crate) fn restart(&mut self, i: usize) {
+        self.replicas[i] = Some(ShardReplica::new(
+            self.now,
+            42,
+            member(i),
+            self.saved[i].clone(),
+            ReplicaConfig::default(),
+            self.seed * 77 + i as u64,
+        ));
+    }
+
+    pub(crate) fn client(&mut self, i: usize, tag: RequestTag, op: ClientOp) {
+        if let Some(replica) = self.replicas[i].as_mut() {
+            replica.handle_client(self.now, tag, op);
+            self.drain(i);
+        }
+    }
+
+    /// Runs for `span`: delivers messages (1–3 ms each) and fires timers.
+    pub(crate) fn run(&mut self, span: Duration) {
+        let until = self.now + span;
+        while self.now < until {
+            self.now += Duration::from_millis(1);
+            let mut flights = std::mem::take(&mut self.flights);
+            // Deliver in a seeded random order (reordering), a few each millisecond.
+            while !flights.is_empty() {
+                let pick = self.rng.random_range(0..flights.len());
+                let (from, outgoing) = flights.swap_remove(pick);
+                let to = (0..self.replicas.len()).find(|&i| member(i).node == outgoing.to.node);
+                if let Some(to) = to
+                    && let Some(replica) = self.replicas[to].as_mut()
+                {
+                    replica.handle_message(self.now, from, outgoing.to, outgoing.message);
+                    self.drain(to);
+                }
+            }
+            for i in 0..self.replicas.len() {
+                // Each due timer once per millisecond.
+                let due = self.replicas[i]
+                    .as_ref()
+                    .and_then(ShardReplica::poll_timeout)
+                    .filter(|(at, _)| *at <= self.now);
+                if let Some((_, timer)) = due {
+                    if let Some(replica) = self.replicas[i].as_mut() {
+                        replica.handle_timeout(self.now, timer);
+                    }
+                    self.drain(i);
+                }
+            }
+        }
+    }
+
+    pub(crate) fn leader(&self) -> Option<usize> {
+        (0..self.replicas.len()).find(|&i| {
+            self.replicas[i]
+                .as_ref()
+                .is_some_and(|r| r.established_ballot().is_some())
+        })
+    }
+}
+
+fn tag(req: u64) -> RequestTag {
+    RequestTag {
+        client: 1,
+        req,
+        attempt: 0,
+    }
+}
+
+#[test]
+fn the_first_ranked_voter_leads_and_writes_commit() {
+    for seed in seeds(20) {
+        let mut group = Group::new(3, seed);
+        group.run(Duration::from_secs(1));
+        let leader = group.leader().expect("a leader within a second");
+        assert_eq!(leader, 0, "rank 0 stands first; seed {seed}");
+        for req in 0..10 {
+            let op = ClientOp::Put {
+                key: b"k".to_vec(),
+                value: req.to_string().into_bytes(),
+            };
+            group.client(leader, tag(req), op);
+        }
+        group.run(Duration::from_millis(50));
+        for req in 0..10 {
+            assert_eq!(
+                group.replies.get(&tag(req)),
+                Some(&ClientReply::Ok { value: None })
+            );
+        }
+        group.client(leader, tag(100), ClientOp::Get { key: b"k".to_vec() });
+        group.run(Duration::from_millis(50));
+        assert_eq!(
+            group.replies.get(&tag(100)),
+            Some(&ClientReply::Ok {
+                value: Some(b"9".to_vec())
+            })
+        );
+    }
+}
+
+#[test]
+fn the_next_replica_takes_over_and_keeps_every_acknowledged_write() {
+    for seed in seeds(20) {
+        let mut group = Group::new(3, seed);
+        group.run(Duration::from_secs(1));
+        let first = group.leader().unwrap();
+        for req in 0..20 {
+            let op = ClientOp::Put {
+                key: format!("k{req}").into_bytes(),
+                value: b"v".to_vec(),
+            };
+            group.client(first, tag(req), op);
+        }
+        group.run(Duration::from_millis(20));
+        let acked: Vec<u64> = (0..20)
+            .filter(|req| group.replies.get(&tag(*req)) == Some(&ClientReply::Ok { value: None }))
+            .collect();
+        group.crash(first);
+        let crashed_at = group.now;
+        group.run(Duration::from_secs(2));
+        let second = group.leader().expect("a new leader");
+        assert_ne!(second, first);
+        let took = group.now - crashed_at;
+        assert!(took <= Duration::from_secs(2), "seed {seed}");
+        for req in acked {
+            group.client(
+                second,
+                tag(1000 + req),
+                ClientOp::Get {
+                    key: format!("k{req}").into_bytes(),
+                },
+            );
+        }
+        group.run(Duration::from_millis(50));
+        for (t, reply) in group.replies.range(tag(1000)..) {
+            assert_eq!(
+                reply,
+                &ClientReply::Ok {
+                    value: Some(b"v".to_vec())
+                },
+                "{t:?} seed {seed}"
+            );
+        }
+        group.restart(first);
+        group.run(Duration::from_secs(1));
+        // The restarted replica catches up with everything the new leader holds.
+        let leader_kv = group.replicas[second]
+            .as_ref()
+            .unwrap()
+            .durable()
+            .kv
+            .clone();
+        assert_eq!(
+            group.replicas[first].as_ref().unwrap().durable().kv,
+            leader_kv,
+            "seed {seed}"
+        );
+    }
+}
+
+#[test]
+fn a_follower_answers_moved_and_a_lone_replica_unavailable() {
+    let mut group = Group::new(3, 1);
+    group.run(Duration::from_secs(1));
+    let leader = group.leader().unwrap();
+    let follower = (leader + 1) % 3;
+    group.client(
+        follower,
+        tag(1),
+        ClientOp::Put {
+            key: b"k".to_vec(),
+            value: b"v".to_vec(),
+        },
+    );
+    assert!(
+        matches!(group.replies.get(&tag(1)), Some(ClientReply::Moved { leader: Some(l), .. }) if *l == name(leader))
+    );
+    // Cut off the two others: the leader steps down (check-quorum) and refuses.
+    let others: Vec<usize> = (0..3).filter(|&i| i != leader).collect();
+    for &i in &others {
+        group.crash(i);
+    }
+    group.run(Duration::from_secs(1));
+    assert!(group.leader().is_none());
+    group.client(
+        leader,
+        tag(2),
+        ClientOp::Put {
+            key: b"k".to_vec(),
+            value: b"v".to_vec(),
+        },
+    );
+    assert_eq!(group.replies.get(&tag(2)), Some(&ClientReply::Unavailable));
+}
