@@ -2,8 +2,8 @@
 //! `docs/protocol.md` (ballots, ranked candidates, log adoption, commit, ReadIndex,
 //! check-quorum), sans-IO.
 //!
-//! What it does not do (yet): config changes, learners and snapshots, the fenced handoff and
-//! tombstones (R5–R8) are not implemented; a replica's config is the one it was created with.
+//! What it does not do (yet): snapshots (R6's catch-up is by log replay from the start, as no
+//! log is compacted yet), leases, and `(client, req)` deduplication.
 
 mod types;
 
@@ -67,6 +67,20 @@ pub struct Durable {
     pub kv: BTreeMap<Vec<u8>, Vec<u8>>,
     /// The last applied index.
     pub applied: u64,
+    /// Set once this replica was removed from the shard (R8): it never stands or promises
+    /// again, and its log and state are gone.
+    pub tombstone: Option<Tombstone>,
+}
+
+/// What a removed replica keeps (R8).
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct Tombstone {
+    /// Its promise when removed.
+    pub promised: Option<Ballot>,
+    /// Its last position when removed.
+    pub last: Pos,
+    /// The config that removed it.
+    pub config: Config,
 }
 
 /// Where a log starts: a position and the config in force there.
@@ -90,7 +104,14 @@ impl Durable {
             log: Vec::new(),
             kv: BTreeMap::new(),
             applied: 0,
+            tombstone: None,
         }
+    }
+
+    /// A learner's state before its first `Append`: empty, in no config. Only a leader's
+    /// messages create one (the host decides).
+    pub fn empty() -> Self {
+        Durable::bootstrap(Config::default())
     }
 
     /// The position of the last entry (or the base).
@@ -151,6 +172,8 @@ pub enum Change {
     },
     /// Append entries.
     Append(Vec<Entry>),
+    /// Replace the shard's log and state with a tombstone.
+    Tombstone(Tombstone),
     /// Apply entry `index`: these keys now hold these values (`None`: removed).
     Applied {
         /// The entry applied.
@@ -239,6 +262,19 @@ pub struct Leader {
     writes: BTreeMap<u64, RequestTag>,
     reads: Vec<PendingRead>,
     round_wanted: bool,
+    /// A handoff in progress (R7).
+    transfer: Option<Transfer>,
+    /// Writes held during a handoff, never appended.
+    held: Vec<(RequestTag, Op)>,
+    /// Members a committed config dropped, told `Removed` until they acknowledge (R8).
+    removing: BTreeMap<NodeId, (Member, Pos, Config)>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+struct Transfer {
+    to: Member,
+    deadline: Duration,
+    sent: bool,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
@@ -248,6 +284,9 @@ struct PendingRead {
     read_index: u64,
     round: u64,
 }
+
+/// How long a leader waits between two handoffs to the placement target (R3).
+const T_STABLE: Duration = Duration::from_secs(10);
 
 /// Switches that break the protocol on purpose, so the model checker can prove it catches
 /// each break (PROTOCOL.md's mutation table). All off in real use.
@@ -285,6 +324,8 @@ pub struct ShardReplica {
     dead: BTreeSet<NodeId>,
     election_at: Option<Duration>,
     heartbeat_at: Option<Duration>,
+    target: Option<Vec<Member>>,
+    last_handoff: Option<Duration>,
     rng: u64,
     open_batch: Vec<Change>,
     next_batch: u64,
@@ -322,6 +363,8 @@ impl ShardReplica {
             dead: BTreeSet::new(),
             election_at: None,
             heartbeat_at: None,
+            target: None,
+            last_handoff: None,
             rng: seed | 1,
             open_batch: Vec::new(),
             next_batch: 0,
@@ -426,6 +469,16 @@ impl ShardReplica {
         if matches!(self.role, Role::Follower) {
             self.arm_election(now);
         }
+    }
+
+    /// The replica set placement wants, in order (leader first). Only an established leader
+    /// acts on it, one change at a time (R5), handing off when it is not the target's first.
+    pub fn handle_target(&mut self, now: Duration, target: Vec<Member>) {
+        self.target = Some(target);
+        if matches!(&self.role, Role::Leader(leader) if leader.established) {
+            self.reconfigure(now);
+        }
+        self.finish(now);
     }
 
     /// Batch `batch` (and every earlier one) is durable.
@@ -536,6 +589,18 @@ impl ShardReplica {
                     self.stand(now, Some(b));
                 }
             }
+            Message::Removed {
+                b,
+                config_pos,
+                config,
+            } => self.on_removed(now, from, b, config_pos, config),
+            Message::RemovedOk { b } => {
+                if let Role::Leader(leader) = &mut self.role
+                    && leader.b == b
+                {
+                    leader.removing.remove(&from.node);
+                }
+            }
         }
         self.finish(now);
     }
@@ -552,6 +617,22 @@ impl ShardReplica {
         handoff_from: Option<Ballot>,
     ) {
         self.highest_seen = self.highest_seen.max(b.n);
+        if let Some(tombstone) = &self.durable.tombstone {
+            let reason = RejectReason::Tombstone(tombstone.last.clone(), tombstone.config.clone());
+            self.send(from, Message::Reject { b, reason }, false);
+            return;
+        }
+        if self.durable.log.is_empty() && self.durable.base.config.voters.is_empty() {
+            self.send(
+                from,
+                Message::Reject {
+                    b,
+                    reason: RejectReason::NoState,
+                },
+                false,
+            );
+            return;
+        }
         if let Some(promised) = &self.durable.promised
             && b <= *promised
         {
@@ -614,6 +695,9 @@ impl ShardReplica {
     // ---- R2, R3: candidate ----
 
     fn rank(&self) -> Option<u32> {
+        if self.durable.tombstone.is_some() {
+            return None;
+        }
         let mut rank = 0;
         for voter in &self.durable.active_config().voters {
             if voter == &self.me {
@@ -817,6 +901,9 @@ impl ShardReplica {
             writes: BTreeMap::new(),
             reads: Vec::new(),
             round_wanted: false,
+            transfer: None,
+            held: Vec::new(),
+            removing: BTreeMap::new(),
         };
         for voter in voters.iter().filter(|v| v.node != self.me.node) {
             leader
@@ -852,7 +939,7 @@ impl ShardReplica {
                 self.abandon(now);
             }
             RejectReason::NoState => {}
-            RejectReason::NotVoter(_, config) => {
+            RejectReason::NotVoter(_, config) | RejectReason::Tombstone(_, config) => {
                 // R2.3: a newer config exists; ask its voters too.
                 let prepare = Message::Prepare {
                     b: b.clone(),
@@ -890,6 +977,9 @@ impl ShardReplica {
         hb_seq: u64,
     ) {
         self.highest_seen = self.highest_seen.max(b.n);
+        if self.durable.tombstone.is_some() {
+            return; // Removed for good (R8); a new copy would be a new learner.
+        }
         if let Some(promised) = &self.durable.promised
             && b < *promised
         {
@@ -959,6 +1049,7 @@ impl ShardReplica {
         self.advance_commit(now);
         self.serve_reads();
         self.send_appends(false);
+        self.progress_transfer(now);
     }
 
     fn on_append_nack(&mut self, now: Duration, from: Member, b: Ballot, reason: NackReason) {
@@ -983,9 +1074,14 @@ impl ShardReplica {
     }
 
     fn append_write(&mut self, now: Duration, tag: RequestTag, op: Op) {
-        let Role::Leader(leader) = &self.role else {
+        let Role::Leader(leader) = &mut self.role else {
             return;
         };
+        if leader.transfer.is_some() {
+            // R7: held, never appended; answered `Moved` once the target leads.
+            leader.held.push((tag, op));
+            return;
+        }
         let index = self.durable.last().index + 1;
         let entry = Entry {
             ballot: leader.b.clone(),
@@ -1009,7 +1105,13 @@ impl ShardReplica {
         let b = leader.b.clone();
         let hb_seq = leader.hb_seq;
         let last = self.durable.last().index;
-        let voters = self.durable.active_config().voters.clone();
+        let active = self.durable.active_config();
+        let voters: Vec<Member> = active
+            .voters
+            .iter()
+            .chain(&active.learners)
+            .cloned()
+            .collect();
         let mut sends = Vec::new();
         for voter in voters.iter().filter(|v| v.node != self.me.node) {
             let next = leader.next.get(&voter.node).copied().unwrap_or(last + 1);
@@ -1078,7 +1180,9 @@ impl ShardReplica {
             }
         }
         if new_commit > self.commit {
+            let before = self.commit;
             self.commit = new_commit;
+            self.note_removals(before);
             self.apply_committed();
             if let Role::Leader(leader) = &mut self.role
                 && self.commit >= leader.epoch_index
@@ -1086,8 +1190,203 @@ impl ShardReplica {
                 leader.established = true;
             }
             self.serve_reads();
+            if self.established_ballot().is_some() {
+                self.reconfigure(now);
+            }
         }
-        let _ = now;
+    }
+
+    /// The config in force just before `index`.
+    fn config_before(&self, index: u64) -> Config {
+        (self.durable.base.pos.index + 1..index)
+            .rev()
+            .find_map(|i| match &self.durable.entry(i)?.op {
+                Op::Config(config) => Some(config.clone()),
+                _ => None,
+            })
+            .unwrap_or_else(|| self.durable.base.config.clone())
+    }
+
+    /// R8: members dropped by configs committed after `before` are told `Removed`.
+    fn note_removals(&mut self, before: u64) {
+        let mut removed = Vec::new();
+        for index in before + 1..=self.commit {
+            let Some(entry) = self.durable.entry(index) else {
+                continue;
+            };
+            let Op::Config(config) = &entry.op else {
+                continue;
+            };
+            let previous = self.config_before(index);
+            for member in previous.voters.iter().chain(&previous.learners) {
+                if !config.voters.contains(member) && !config.learners.contains(member) {
+                    removed.push((member.clone(), entry.pos(), config.clone()));
+                }
+            }
+        }
+        if let Role::Leader(leader) = &mut self.role {
+            for (member, pos, config) in removed {
+                leader
+                    .removing
+                    .insert(member.node.clone(), (member, pos, config));
+            }
+        }
+    }
+
+    /// R5: one step toward the target, if the last config committed; R7 when this leader is
+    /// not the target's first.
+    fn reconfigure(&mut self, now: Duration) {
+        let Some(target) = self.target.clone() else {
+            return;
+        };
+        let Role::Leader(leader) = &self.role else {
+            return;
+        };
+        if !leader.established || leader.transfer.is_some() {
+            return;
+        }
+        let pending = self
+            .durable
+            .entries_after(self.commit)
+            .iter()
+            .any(|entry| matches!(entry.op, Op::Config(_)));
+        if pending {
+            return;
+        }
+        let active = self.durable.active_config().clone();
+        let caught_up = |member: &Member| {
+            leader.matched.get(&member.node).copied().unwrap_or(0) >= self.commit && self.commit > 0
+        };
+        let mut next = active.clone();
+        if let Some(stale) = active.learners.iter().find(|l| !target.contains(l)) {
+            next.learners.retain(|l| l != stale);
+        } else if let Some(new) = target
+            .iter()
+            .find(|m| !active.voters.contains(m) && !active.learners.contains(m))
+        {
+            next.learners.push(new.clone());
+        } else if let Some(ready) = active.learners.iter().find(|l| caught_up(l)) {
+            next.learners.retain(|l| l != ready);
+            next.voters.push(ready.clone());
+        } else if !active.learners.is_empty() {
+            return; // Wait for the learners to catch up.
+        } else if let Some(old) = active
+            .voters
+            .iter()
+            .find(|v| !target.contains(v) && v.node != self.me.node)
+        {
+            next.voters.retain(|v| v != old);
+        } else if target.first() != Some(&self.me) {
+            // R7: hand off to the target's first voter, once caught up, at most every
+            // T_stable.
+            let Some(first) = target.first().filter(|m| active.voters.contains(m)) else {
+                return;
+            };
+            let recently = self
+                .last_handoff
+                .is_some_and(|at| now.saturating_sub(at) < T_STABLE);
+            if recently || !caught_up(first) {
+                return;
+            }
+            self.last_handoff = Some(now);
+            let deadline = now + self.config.t_elect;
+            if let Role::Leader(leader) = &mut self.role {
+                leader.transfer = Some(Transfer {
+                    to: first.clone(),
+                    deadline,
+                    sent: false,
+                });
+            }
+            self.progress_transfer(now);
+            return;
+        } else {
+            let mut ordered: Vec<Member> = target
+                .iter()
+                .filter(|m| active.voters.contains(m))
+                .cloned()
+                .collect();
+            ordered.extend(
+                active
+                    .voters
+                    .iter()
+                    .filter(|v| !target.contains(v))
+                    .cloned(),
+            );
+            if ordered == active.voters {
+                return;
+            }
+            next.voters = ordered;
+        }
+        if next == active {
+            return;
+        }
+        let Role::Leader(leader) = &self.role else {
+            return;
+        };
+        let entry = Entry {
+            ballot: leader.b.clone(),
+            index: self.durable.last().index + 1,
+            op: Op::Config(next),
+            tag: None,
+        };
+        self.append(vec![entry]);
+        self.send_appends(false);
+    }
+
+    /// R7 (2): once the target holds everything committed, ask it to stand; (5) give up at
+    /// the deadline.
+    fn progress_transfer(&mut self, now: Duration) {
+        let last = self.durable.last().index;
+        let commit = self.commit;
+        let Role::Leader(leader) = &mut self.role else {
+            return;
+        };
+        let Some(transfer) = &mut leader.transfer else {
+            return;
+        };
+        if now > transfer.deadline {
+            leader.transfer = None;
+            let held = std::mem::take(&mut leader.held);
+            for (tag, op) in held {
+                self.append_write(now, tag, op);
+            }
+            return;
+        }
+        let matched = leader.matched.get(&transfer.to.node).copied().unwrap_or(0);
+        if !transfer.sent && matched == last && commit == last {
+            transfer.sent = true;
+            let to = transfer.to.clone();
+            let b = leader.b.clone();
+            self.send(to, Message::TimeoutNow { b }, false);
+        }
+    }
+
+    /// R8 at the removed replica: tombstone durably, acknowledge.
+    fn on_removed(
+        &mut self,
+        now: Duration,
+        from: Member,
+        b: Ballot,
+        config_pos: Pos,
+        config: Config,
+    ) {
+        if config.voters.contains(&self.me) || config.learners.contains(&self.me) {
+            return;
+        }
+        if self.durable.tombstone.is_none() {
+            let tombstone = Tombstone {
+                promised: self.durable.promised.clone(),
+                last: self.durable.last().max(config_pos),
+                config,
+            };
+            self.step_down(now);
+            self.durable.log.clear();
+            self.durable.kv.clear();
+            self.durable.tombstone = Some(tombstone.clone());
+            self.open_batch.push(Change::Tombstone(tombstone));
+            self.election_at = None;
+        }
+        self.send(from, Message::RemovedOk { b }, true);
     }
 
     fn apply_committed(&mut self) {
@@ -1191,7 +1490,24 @@ impl ShardReplica {
             read.round = round;
         }
         leader.round_wanted = false;
+        let removing: Vec<(Member, Message)> = leader
+            .removing
+            .values()
+            .map(|(member, pos, config)| {
+                let message = Message::Removed {
+                    b: leader.b.clone(),
+                    config_pos: pos.clone(),
+                    config: config.clone(),
+                };
+                (member.clone(), message)
+            })
+            .collect();
+        for (member, message) in removing {
+            self.send(member, message, false);
+        }
         self.send_appends(true);
+        self.progress_transfer(now);
+        self.reconfigure(now);
         self.heartbeat_at = Some(now + self.config.heartbeat);
     }
 
@@ -1203,6 +1519,15 @@ impl ShardReplica {
             Role::Leader(leader) => {
                 for (_, tag) in leader.writes {
                     self.replies.push_back((tag, ClientReply::Indeterminate));
+                }
+                // R7 (4): held writes were never appended; the target leads now.
+                let moved_to = leader.transfer.as_ref().map(|t| t.to.node.clone());
+                for (tag, _) in leader.held {
+                    let reply = ClientReply::Moved {
+                        b: self.durable.promised.clone(),
+                        leader: moved_to.clone(),
+                    };
+                    self.replies.push_back((tag, reply));
                 }
                 for read in leader.reads {
                     self.replies.push_back((read.tag, ClientReply::Unavailable));

@@ -146,6 +146,8 @@ pub enum RejectReason {
     NoState,
     /// Its log is more up to date and the candidate is not a voter of its config.
     NotVoter(Pos, Config),
+    /// It was removed from the shard (R8): its last position and the config that removed it.
+    Tombstone(Pos, Config),
 }
 
 /// Why a follower refused an `Append`.
@@ -225,6 +227,20 @@ pub enum Message {
     /// The leader of `b` asks the receiver to stand now (R7).
     TimeoutNow {
         /// The sender's ballot.
+        b: Ballot,
+    },
+    /// A committed config at `config_pos` no longer names the receiver (R8).
+    Removed {
+        /// The leader's ballot.
+        b: Ballot,
+        /// Where the config that removed it sits.
+        config_pos: Pos,
+        /// That config.
+        config: Config,
+    },
+    /// The receiver of `Removed` has durably tombstoned its copy.
+    RemovedOk {
+        /// The leader's ballot.
         b: Ballot,
     },
 }

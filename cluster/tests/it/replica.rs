@@ -33,17 +33,27 @@ pub(crate) struct Group {
 
 impl Group {
     pub(crate) fn new(size: usize, seed: u64) -> Self {
+        Self::with_spares(size, 0, seed)
+    }
+
+    /// `size` voters, plus `spares` nodes with no state for the shard yet.
+    pub(crate) fn with_spares(size: usize, spares: usize, seed: u64) -> Self {
         let config = Config {
             voters: (0..size).map(member).collect(),
             learners: Vec::new(),
         };
-        let replicas = (0..size)
+        let replicas = (0..size + spares)
             .map(|i| {
+                let durable = if i < size {
+                    Durable::bootstrap(config.clone())
+                } else {
+                    Durable::empty()
+                };
                 Some(ShardReplica::new(
                     Duration::ZERO,
                     42,
                     member(i),
-                    Durable::bootstrap(config.clone()),
+                    durable,
                     ReplicaConfig::default(),
                     seed * 31 + i as u64,
                 ))
@@ -52,7 +62,15 @@ impl Group {
         Group {
             now: Duration::ZERO,
             replicas,
-            saved: vec![Durable::bootstrap(config); size],
+            saved: (0..size + spares)
+                .map(|i| {
+                    if i < size {
+                        Durable::bootstrap(config.clone())
+                    } else {
+                        Durable::empty()
+                    }
+                })
+                .collect(),
             flights: Vec::new(),
             rng: StdRng::seed_from_u64(seed),
             replies: BTreeMap::new(),
@@ -285,4 +303,79 @@ fn a_follower_answers_moved_and_a_lone_replica_unavailable() {
         },
     );
     assert_eq!(group.replies.get(&tag(2)), Some(&ClientReply::Unavailable));
+}
+
+#[test]
+fn a_new_target_is_reached_one_voter_at_a_time_with_a_handoff_and_a_tombstone() {
+    for seed in seeds(10) {
+        let mut group = Group::with_spares(3, 1, seed);
+        group.run(Duration::from_secs(1));
+        assert_eq!(group.leader(), Some(0));
+        for req in 0..10 {
+            let op = ClientOp::Put {
+                key: format!("k{req}").into_bytes(),
+                value: b"v".to_vec(),
+            };
+            group.client(0, tag(req), op);
+        }
+        group.run(Duration::from_millis(50));
+        // Placement now wants n1 n2 n3: n3 joins as a learner, is promoted, n0 hands off to
+        // n1, and n1 removes n0, which tombstones its copy.
+        let target = vec![member(1), member(2), member(3)];
+        for i in 0..4 {
+            if let Some(replica) = group.replicas[i].as_mut() {
+                replica.handle_target(group.now, target.clone());
+            }
+        }
+        group.run(Duration::from_secs(3));
+        let leader = group.leader().expect("a leader after the moves");
+        assert_eq!(leader, 1, "the target's first leads; seed {seed}");
+        let final_config = group.replicas[1]
+            .as_ref()
+            .unwrap()
+            .durable()
+            .active_config()
+            .clone();
+        assert_eq!(final_config.voters, target, "seed {seed}");
+        assert!(final_config.learners.is_empty());
+        // The configs, as the log records them: adjacent ones differ by at most one voter.
+        let log = group.replicas[1].as_ref().unwrap().durable();
+        let mut configs = vec![log.base.config.clone()];
+        configs.extend(log.log.iter().filter_map(|entry| match &entry.op {
+            cluster::replica::Op::Config(config) => Some(config.clone()),
+            _ => None,
+        }));
+        assert!(
+            configs.len() >= 4,
+            "learner, promotion, removal, reorder: {configs:#?}"
+        );
+        for pair in configs.windows(2) {
+            let (a, b) = (&pair[0], &pair[1]);
+            let changed = a.voters.iter().filter(|v| !b.voters.contains(v)).count()
+                + b.voters.iter().filter(|v| !a.voters.contains(v)).count();
+            assert!(changed <= 1, "{a:?} -> {b:?}");
+        }
+        let n0 = group.replicas[0].as_ref().unwrap().durable();
+        assert!(n0.tombstone.is_some(), "n0 was removed; seed {seed}");
+        let n3 = group.replicas[3].as_ref().unwrap().durable();
+        assert_eq!(
+            n3.kv.len(),
+            10,
+            "the learner holds every write; seed {seed}"
+        );
+        // Writes still commit under the new leader.
+        group.client(
+            1,
+            tag(500),
+            ClientOp::Put {
+                key: b"after".to_vec(),
+                value: b"1".to_vec(),
+            },
+        );
+        group.run(Duration::from_millis(50));
+        assert_eq!(
+            group.replies.get(&tag(500)),
+            Some(&ClientReply::Ok { value: None })
+        );
+    }
 }
