@@ -225,7 +225,7 @@ pub enum Role {
     /// Collecting promises for a ballot.
     Candidate(Candidate),
     /// Leads a ballot.
-    Leader(Leader),
+    Leader(Box<Leader>),
 }
 
 /// Candidate state (R2).
@@ -911,7 +911,7 @@ impl ShardReplica {
                 .insert(voter.node.clone(), candidate.commit_at_prepare + 1);
             leader.matched.insert(voter.node.clone(), 0);
         }
-        self.role = Role::Leader(leader);
+        self.role = Role::Leader(Box::new(leader));
         self.leader_hint = Some(self.me.node.clone());
         self.election_at = None;
         self.heartbeat(now);
@@ -1517,6 +1517,7 @@ impl ShardReplica {
     fn step_down(&mut self, now: Duration) {
         match std::mem::replace(&mut self.role, Role::Follower) {
             Role::Leader(leader) => {
+                let leader = *leader;
                 for (_, tag) in leader.writes {
                     self.replies.push_back((tag, ClientReply::Indeterminate));
                 }
