@@ -5,6 +5,7 @@
 //! What it does not do (yet): snapshots (R6's catch-up is by log replay from the start, as no
 //! log is compacted yet), leases, and `(client, req)` deduplication.
 
+mod host;
 mod types;
 
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
@@ -13,6 +14,7 @@ use core::time::Duration;
 
 use topology::NodeId;
 
+pub use self::host::{HostBatchId, HostPersist, PeerBatch, ShardHost};
 pub use self::types::{
     Ballot, ClientOp, ClientReply, Config, Entry, Member, Message, NackReason, Op, Pos,
     RejectReason, RequestTag, StorageId,

@@ -1,5 +1,6 @@
 //! Integration tests of the cluster core on a deterministic in-memory network.
 
+mod hosts;
 mod membership;
 mod net;
 mod replica;

@@ -1,0 +1,314 @@
+//! [`ShardHost`]: every replica one node holds, with their persists group-committed into one
+//! batch and their messages batched per peer.
+
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
+
+use core::time::Duration;
+
+use topology::NodeId;
+
+use super::{
+    BatchId, ClientOp, ClientReply, Durable, Member, Message, Persist, RejectReason, ReplicaConfig,
+    RequestTag, ShardReplica, StorageId,
+};
+
+/// Identifies a host-wide persist batch: one transaction for all shards.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct HostBatchId(pub u64);
+
+/// One group commit: every shard's changes since the previous one. Make it durable in one
+/// transaction, then call [`ShardHost::handle_persisted`].
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct HostPersist {
+    /// The batch.
+    pub batch: HostBatchId,
+    /// Each shard's persist, in order.
+    pub shards: Vec<(u16, Persist)>,
+}
+
+/// Messages for one peer node, sent as one frame.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct PeerBatch {
+    /// The sending replica's member (node and storage).
+    pub from: Member,
+    /// `(shard, recipient, message)`.
+    pub messages: Vec<(u16, Member, Message)>,
+}
+
+/// Every replica on one node.
+///
+/// Same contract as [`ShardReplica`]: `handle_*(now, ...)` inputs, polled outputs, no IO. At
+/// most one [`HostPersist`] is outstanding: while the disk works, new changes gather into the
+/// next batch (group commit), and messages that depend on them wait.
+#[derive(Debug, Clone)]
+pub struct ShardHost {
+    me: Member,
+    config: ReplicaConfig,
+    seed: u64,
+    replicas: BTreeMap<u16, ShardReplica>,
+    deadlines: BTreeSet<(Duration, u16)>,
+    deadline_of: BTreeMap<u16, Duration>,
+    open: Vec<(u16, Persist)>,
+    next_batch: u64,
+    in_flight: Option<HostBatchId>,
+    in_flight_items: Vec<(u16, BatchId)>,
+    batch_of: BTreeMap<(u16, BatchId), HostBatchId>,
+    persisted_through: Option<HostBatchId>,
+    waiting: VecDeque<(Option<HostBatchId>, NodeId, u16, Member, Message)>,
+    ready: BTreeMap<NodeId, Vec<(u16, Member, Message)>>,
+    replies: VecDeque<(u16, RequestTag, ClientReply)>,
+}
+
+impl ShardHost {
+    /// A host for node `node` whose data dir has `storage`.
+    pub fn new(node: NodeId, storage: StorageId, config: ReplicaConfig, seed: u64) -> Self {
+        ShardHost {
+            me: Member { node, storage },
+            config,
+            seed,
+            replicas: BTreeMap::new(),
+            deadlines: BTreeSet::new(),
+            deadline_of: BTreeMap::new(),
+            open: Vec::new(),
+            next_batch: 0,
+            in_flight: None,
+            in_flight_items: Vec::new(),
+            batch_of: BTreeMap::new(),
+            persisted_through: None,
+            waiting: VecDeque::new(),
+            ready: BTreeMap::new(),
+            replies: VecDeque::new(),
+        }
+    }
+
+    /// This node's member.
+    pub fn me(&self) -> &Member {
+        &self.me
+    }
+
+    /// The replica of `shard`, if this node holds one.
+    pub fn replica(&self, shard: u16) -> Option<&ShardReplica> {
+        self.replicas.get(&shard)
+    }
+
+    /// Every replica this node holds.
+    pub fn replicas(&self) -> impl Iterator<Item = (u16, &ShardReplica)> {
+        self.replicas
+            .iter()
+            .map(|(shard, replica)| (*shard, replica))
+    }
+
+    /// Starts (or restarts) the replica of `shard` from `durable`: on bootstrap with
+    /// [`Durable::bootstrap`], after a restart with what the disk holds.
+    pub fn open_shard(&mut self, now: Duration, shard: u16, durable: Durable) {
+        let seed = self.seed ^ (u64::from(shard) << 32);
+        let replica = ShardReplica::new(
+            now,
+            shard,
+            self.me.clone(),
+            durable,
+            self.config.clone(),
+            seed,
+        );
+        self.replicas.insert(shard, replica);
+        self.drain(now, shard);
+    }
+
+    /// Messages from peer replicas (one frame from one node).
+    pub fn handle_peer_batch(&mut self, now: Duration, batch: PeerBatch) {
+        for (shard, to, message) in batch.messages {
+            if !self.replicas.contains_key(&shard) {
+                match &message {
+                    // Only a leader creates shard state on another node (R6).
+                    Message::Append { .. } if to == self.me => {
+                        self.open_shard(now, shard, Durable::empty());
+                    }
+                    Message::Prepare { b, .. } => {
+                        let reject = Message::Reject {
+                            b: b.clone(),
+                            reason: RejectReason::NoState,
+                        };
+                        self.queue(None, shard, batch.from.clone(), reject);
+                        continue;
+                    }
+                    _ => continue,
+                }
+            }
+            if let Some(replica) = self.replicas.get_mut(&shard) {
+                replica.handle_message(now, batch.from.clone(), to, message);
+                self.drain(now, shard);
+            }
+        }
+    }
+
+    /// A client attempt for `shard`; a shard this node does not hold answers `Unavailable`.
+    pub fn handle_client(&mut self, now: Duration, shard: u16, tag: RequestTag, op: ClientOp) {
+        match self.replicas.get_mut(&shard) {
+            Some(replica) => {
+                replica.handle_client(now, tag, op);
+                self.drain(now, shard);
+            }
+            None => self
+                .replies
+                .push_back((shard, tag, ClientReply::Unavailable)),
+        }
+    }
+
+    /// The replica set placement wants for `shard`.
+    pub fn handle_target(&mut self, now: Duration, shard: u16, target: Vec<Member>) {
+        if let Some(replica) = self.replicas.get_mut(&shard) {
+            replica.handle_target(now, target);
+            self.drain(now, shard);
+        }
+    }
+
+    /// Members this node's view holds down.
+    pub fn handle_view(&mut self, now: Duration, dead: &BTreeSet<NodeId>) {
+        let shards: Vec<u16> = self.replicas.keys().copied().collect();
+        for shard in shards {
+            if let Some(replica) = self.replicas.get_mut(&shard) {
+                replica.handle_view(now, dead.clone());
+            }
+            self.drain(now, shard);
+        }
+    }
+
+    /// The outstanding [`HostPersist`] is durable.
+    pub fn handle_persisted(&mut self, now: Duration, batch: HostBatchId) {
+        if self.in_flight != Some(batch) {
+            return;
+        }
+        self.in_flight = None;
+        self.persisted_through = Some(batch);
+        for (shard, replica_batch) in std::mem::take(&mut self.in_flight_items) {
+            self.batch_of.remove(&(shard, replica_batch));
+            if let Some(replica) = self.replicas.get_mut(&shard) {
+                replica.handle_persisted(now, replica_batch);
+            }
+            self.drain(now, shard);
+        }
+        self.release();
+    }
+
+    /// Fires every replica timer due at `now`.
+    pub fn handle_timeout(&mut self, now: Duration) {
+        while let Some(&(at, shard)) = self.deadlines.first() {
+            if at > now {
+                break;
+            }
+            self.deadlines.pop_first();
+            self.deadline_of.remove(&shard);
+            if let Some(replica) = self.replicas.get_mut(&shard)
+                && let Some((due, timer)) = replica.poll_timeout()
+                && due <= now
+            {
+                replica.handle_timeout(now, timer);
+            }
+            self.drain(now, shard);
+        }
+    }
+
+    /// The next group commit, if none is outstanding and there is something to write.
+    pub fn poll_persist(&mut self) -> Option<HostPersist> {
+        if self.in_flight.is_some() || self.open.is_empty() {
+            return None;
+        }
+        let batch = HostBatchId(self.next_batch);
+        self.next_batch += 1;
+        let shards = std::mem::take(&mut self.open);
+        self.in_flight = Some(batch);
+        self.in_flight_items = shards
+            .iter()
+            .map(|(shard, persist)| (*shard, persist.batch))
+            .collect();
+        for (shard, persist) in &shards {
+            self.batch_of.insert((*shard, persist.batch), batch);
+        }
+        Some(HostPersist { batch, shards })
+    }
+
+    /// The next frame to send: every released message for one peer.
+    pub fn poll_transmit(&mut self) -> Option<(NodeId, PeerBatch)> {
+        let (peer, messages) = self.ready.pop_first()?;
+        Some((
+            peer,
+            PeerBatch {
+                from: self.me.clone(),
+                messages,
+            },
+        ))
+    }
+
+    /// The next client answer.
+    pub fn poll_reply(&mut self) -> Option<(u16, RequestTag, ClientReply)> {
+        self.replies.pop_front()
+    }
+
+    /// When [`handle_timeout`](Self::handle_timeout) next has work.
+    pub fn poll_timeout(&self) -> Option<Duration> {
+        self.deadlines.first().map(|(at, _)| *at)
+    }
+
+    /// Collects one replica's outputs.
+    fn drain(&mut self, _now: Duration, shard: u16) {
+        let Some(replica) = self.replicas.get_mut(&shard) else {
+            return;
+        };
+        while let Some(persist) = replica.poll_persist() {
+            self.open.push((shard, persist));
+        }
+        let mut outgoing = Vec::new();
+        while let Some(message) = replica.poll_message() {
+            outgoing.push(message);
+        }
+        while let Some((tag, reply)) = replica.poll_reply() {
+            self.replies.push_back((shard, tag, reply));
+        }
+        let deadline = replica.poll_timeout().map(|(at, _)| at);
+        if let Some(old) = self.deadline_of.remove(&shard) {
+            self.deadlines.remove(&(old, shard));
+        }
+        if let Some(at) = deadline {
+            self.deadlines.insert((at, shard));
+            self.deadline_of.insert(shard, at);
+        }
+        for message in outgoing {
+            // A replica batch is either still open (it joins the next group commit) or in
+            // flight; either way it maps to the host batch that will carry it.
+            let after = message.after.map(|batch| {
+                self.batch_of
+                    .get(&(shard, batch))
+                    .copied()
+                    .unwrap_or(HostBatchId(self.next_batch))
+            });
+            self.queue(after, shard, message.to, message.message);
+        }
+        self.release();
+    }
+
+    fn queue(&mut self, after: Option<HostBatchId>, shard: u16, to: Member, message: Message) {
+        let peer = to.node.clone();
+        self.waiting.push_back((after, peer, shard, to, message));
+    }
+
+    /// Moves messages whose batch is durable to the per-peer frames, keeping their order.
+    fn release(&mut self) {
+        let durable = self.persisted_through;
+        let mut still = VecDeque::new();
+        for (after, peer, shard, to, message) in self.waiting.drain(..) {
+            let released = match after {
+                None => true,
+                Some(batch) => durable.is_some_and(|done| batch <= done),
+            };
+            if released {
+                self.ready
+                    .entry(peer)
+                    .or_default()
+                    .push((shard, to, message));
+            } else {
+                still.push_back((after, peer, shard, to, message));
+            }
+        }
+        self.waiting = still;
+    }
+}

@@ -1,0 +1,466 @@
+//! Several `ShardHost`s on a virtual clock: fsyncs take 4 ms, the network 0.2–1 ms, nodes can
+//! crash and restart from what they persisted, links can be cut. The harness behind the
+//! liveness figures; every failure prints its seed and the command that replays it.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::time::Duration;
+
+use cluster::replica::{
+    Change, ClientOp, ClientReply, Config, Durable, HostBatchId, HostPersist, Member, PeerBatch,
+    ReplicaConfig, RequestTag, ShardHost, StorageId,
+};
+use rand::rngs::StdRng;
+use rand::{RngExt, SeedableRng};
+
+use crate::net::{name, seeds};
+
+const FSYNC: Duration = Duration::from_millis(4);
+
+pub(crate) fn member(index: usize) -> Member {
+    Member {
+        node: name(index),
+        storage: StorageId(500 + index as u128),
+    }
+}
+
+/// What a node's disk holds, per shard.
+type Disk = BTreeMap<u16, Durable>;
+
+fn apply(disk: &mut Disk, persist: &HostPersist, initial: &BTreeMap<u16, Durable>) {
+    for (shard, persist) in &persist.shards {
+        let durable = disk
+            .entry(*shard)
+            .or_insert_with(|| initial.get(shard).cloned().unwrap_or_else(Durable::empty));
+        for change in &persist.changes {
+            match change {
+                Change::Promised(b) => durable.promised = Some(b.clone()),
+                Change::Truncate { from } => {
+                    let keep = (from - 1 - durable.base.pos.index) as usize;
+                    durable.log.truncate(keep);
+                }
+                Change::Append(entries) => durable.log.extend(entries.iter().cloned()),
+                Change::Applied { index, writes } => {
+                    for (key, value) in writes {
+                        match value {
+                            Some(value) => durable.kv.insert(key.clone(), value.clone()),
+                            None => durable.kv.remove(key),
+                        };
+                    }
+                    durable.applied = *index;
+                }
+                Change::Tombstone(tombstone) => {
+                    durable.log.clear();
+                    durable.kv.clear();
+                    durable.tombstone = Some(tombstone.clone());
+                }
+            }
+        }
+    }
+}
+
+pub(crate) struct Cluster {
+    pub(crate) now: Duration,
+    pub(crate) hosts: Vec<Option<ShardHost>>,
+    disks: Vec<Disk>,
+    initial: Vec<BTreeMap<u16, Durable>>,
+    fsync_done: Vec<Option<(Duration, HostPersist)>>,
+    flights: Vec<(Duration, usize, usize, PeerBatch)>,
+    cut: BTreeSet<(usize, usize)>,
+    rng: StdRng,
+    pub(crate) replies: BTreeMap<RequestTag, ClientReply>,
+    pub(crate) seed: u64,
+    shards: u16,
+}
+
+impl Cluster {
+    /// `nodes` hosts holding `shards` shards, each replicated on 3 consecutive nodes.
+    pub(crate) fn new(nodes: usize, shards: u16, seed: u64) -> Self {
+        let mut initial = vec![BTreeMap::new(); nodes];
+        for shard in 0..shards {
+            let first = shard as usize % nodes;
+            let voters: Vec<Member> = (0..3).map(|k| member((first + k) % nodes)).collect();
+            let config = Config {
+                voters: voters.clone(),
+                learners: Vec::new(),
+            };
+            for voter in &voters {
+                let index = (0..nodes).find(|&i| member(i) == *voter).unwrap();
+                initial[index].insert(shard, Durable::bootstrap(config.clone()));
+            }
+        }
+        let mut cluster = Cluster {
+            now: Duration::ZERO,
+            hosts: (0..nodes).map(|_| None).collect(),
+            disks: vec![BTreeMap::new(); nodes],
+            initial,
+            fsync_done: vec![None; nodes],
+            flights: Vec::new(),
+            cut: BTreeSet::new(),
+            rng: StdRng::seed_from_u64(seed),
+            replies: BTreeMap::new(),
+            seed,
+            shards,
+        };
+        for index in 0..nodes {
+            cluster.start(index);
+        }
+        cluster
+    }
+
+    pub(crate) fn replay(&self, test: &str) -> String {
+        format!(
+            "seed {0}: replay with SLOTRING_SEED={0} cargo test -p cluster --test it {test}",
+            self.seed
+        )
+    }
+
+    /// Starts host `index` from its disk (or its bootstrap state).
+    pub(crate) fn start(&mut self, index: usize) {
+        let seed = self
+            .seed
+            .wrapping_mul(7919)
+            .wrapping_add(index as u64 + self.now.as_nanos() as u64);
+        let mut host = ShardHost::new(
+            name(index),
+            member(index).storage,
+            ReplicaConfig::default(),
+            seed,
+        );
+        let mut shards: BTreeMap<u16, Durable> = self.initial[index].clone();
+        for (shard, durable) in &self.disks[index] {
+            shards.insert(*shard, durable.clone());
+        }
+        for (shard, durable) in shards {
+            host.open_shard(self.now, shard, durable);
+        }
+        self.hosts[index] = Some(host);
+        self.fsync_done[index] = None;
+        self.pump(index);
+    }
+
+    pub(crate) fn crash(&mut self, index: usize) {
+        self.hosts[index] = None;
+        self.fsync_done[index] = None;
+    }
+
+    pub(crate) fn isolate(&mut self, index: usize) {
+        for other in 0..self.hosts.len() {
+            self.cut.insert((index, other));
+            self.cut.insert((other, index));
+        }
+    }
+
+    pub(crate) fn heal(&mut self) {
+        self.cut.clear();
+    }
+
+    pub(crate) fn client(&mut self, node: usize, shard: u16, tag: RequestTag, op: ClientOp) {
+        if let Some(host) = self.hosts[node].as_mut() {
+            host.handle_client(self.now, shard, tag, op);
+            self.pump(node);
+        }
+    }
+
+    fn pump(&mut self, index: usize) {
+        let Some(host) = self.hosts[index].as_mut() else {
+            return;
+        };
+        if self.fsync_done[index].is_none()
+            && let Some(persist) = host.poll_persist()
+        {
+            self.fsync_done[index] = Some((self.now + FSYNC, persist));
+        }
+        while let Some((peer, batch)) = host.poll_transmit() {
+            let Some(to) = (0..self.disks.len()).find(|&i| name(i) == peer) else {
+                continue;
+            };
+            let delay = Duration::from_micros(self.rng.random_range(200..1000));
+            self.flights.push((self.now + delay, index, to, batch));
+        }
+        while let Some((_, tag, reply)) = host.poll_reply() {
+            self.replies.insert(tag, reply);
+        }
+    }
+
+    /// Runs for `span` in steps of 100 µs.
+    pub(crate) fn run(&mut self, span: Duration) {
+        let until = self.now + span;
+        while self.now < until {
+            self.now += Duration::from_micros(100);
+            let now = self.now;
+            for index in 0..self.hosts.len() {
+                if let Some((at, _)) = &self.fsync_done[index]
+                    && *at <= now
+                {
+                    let (_, persist) = self.fsync_done[index].take().unwrap();
+                    apply(&mut self.disks[index], &persist, &self.initial[index]);
+                    let batch: HostBatchId = persist.batch;
+                    if let Some(host) = self.hosts[index].as_mut() {
+                        host.handle_persisted(now, batch);
+                    }
+                    self.pump(index);
+                }
+            }
+            let (due, later): (Vec<_>, Vec<_>) = std::mem::take(&mut self.flights)
+                .into_iter()
+                .partition(|f| f.0 <= now);
+            self.flights = later;
+            for (_, from, to, batch) in due {
+                if self.cut.contains(&(from, to)) {
+                    continue;
+                }
+                if let Some(host) = self.hosts[to].as_mut() {
+                    host.handle_peer_batch(now, batch);
+                    self.pump(to);
+                }
+            }
+            for index in 0..self.hosts.len() {
+                if let Some(host) = self.hosts[index].as_mut()
+                    && host.poll_timeout().is_some_and(|at| at <= now)
+                {
+                    host.handle_timeout(now);
+                    self.pump(index);
+                }
+            }
+        }
+    }
+
+    /// The node leading `shard` with an established ballot, if exactly one does.
+    pub(crate) fn leader_of(&self, shard: u16) -> Option<usize> {
+        let leaders: Vec<usize> = (0..self.hosts.len())
+            .filter(|&i| {
+                self.hosts[i]
+                    .as_ref()
+                    .and_then(|h| h.replica(shard))
+                    .is_some_and(|r| r.established_ballot().is_some())
+            })
+            .collect();
+        (leaders.len() == 1).then(|| leaders[0])
+    }
+
+    pub(crate) fn all_led(&self) -> bool {
+        (0..self.shards).all(|shard| self.leader_of(shard).is_some())
+    }
+
+    /// Safety after every step: at most one established leader per ballot, and Log Matching
+    /// between every pair of replicas.
+    pub(crate) fn check_invariants(&self) {
+        for shard in 0..self.shards {
+            let replicas: Vec<_> = self
+                .hosts
+                .iter()
+                .flatten()
+                .filter_map(|h| h.replica(shard))
+                .collect();
+            let mut ballots = BTreeSet::new();
+            for replica in &replicas {
+                if let Some(b) = replica.leading_ballot() {
+                    assert!(
+                        ballots.insert(b.clone()),
+                        "two leaders of {b}; {}",
+                        self.replay("")
+                    );
+                }
+            }
+            for a in &replicas {
+                for b in &replicas {
+                    for entry in &a.durable().log {
+                        if let Some(other) = b.durable().entry(entry.index)
+                            && other.ballot == entry.ballot
+                        {
+                            assert_eq!(other, entry, "log matching; {}", self.replay(""));
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+
+fn tag(client: u64, req: u64) -> RequestTag {
+    RequestTag {
+        client,
+        req,
+        attempt: 0,
+    }
+}
+
+#[test]
+fn every_shard_gets_a_leader_and_commits_with_group_commit() {
+    for seed in seeds(5) {
+        let mut cluster = Cluster::new(3, 32, seed);
+        cluster.run(Duration::from_secs(1));
+        assert!(cluster.all_led(), "{}", cluster.replay("group_commit"));
+        cluster.check_invariants();
+        for shard in 0..32 {
+            let leader = cluster.leader_of(shard).unwrap();
+            for req in 0..5 {
+                let op = ClientOp::Put {
+                    key: vec![req as u8],
+                    value: vec![shard as u8],
+                };
+                cluster.client(leader, shard, tag(u64::from(shard), req), op);
+            }
+        }
+        cluster.run(Duration::from_millis(100));
+        let ok = cluster
+            .replies
+            .values()
+            .filter(|r| matches!(r, ClientReply::Ok { .. }))
+            .count();
+        assert_eq!(ok, 32 * 5, "{}", cluster.replay("group_commit"));
+        cluster.check_invariants();
+    }
+}
+
+#[test]
+fn after_a_leader_crash_every_shard_is_led_again_quickly() {
+    // PROTOCOL.md's liveness target: T_elect + 2·T_step + 200 ms at p99 (here 800 ms).
+    let config = ReplicaConfig::default();
+    let bound = config.t_elect + config.t_step * 2 + Duration::from_millis(200);
+    let mut times = Vec::new();
+    for seed in seeds(40) {
+        let mut cluster = Cluster::new(5, 16, seed);
+        cluster.run(Duration::from_secs(1));
+        assert!(cluster.all_led(), "{}", cluster.replay("crash_every_shard"));
+        let victim = (seed % 5) as usize;
+        let led: Vec<u16> = (0..16)
+            .filter(|&s| cluster.leader_of(s) == Some(victim))
+            .collect();
+        cluster.crash(victim);
+        let crashed = cluster.now;
+        let mut pending: BTreeSet<u16> = led.iter().copied().collect();
+        while !pending.is_empty() {
+            assert!(
+                cluster.now - crashed < Duration::from_secs(10),
+                "shards {pending:?} leaderless for 10 s; {}",
+                cluster.replay("crash_every_shard")
+            );
+            cluster.run(Duration::from_millis(5));
+            cluster.check_invariants();
+            pending.retain(|&shard| {
+                let done = cluster.leader_of(shard).is_some();
+                if done {
+                    times.push(cluster.now - crashed);
+                }
+                !done
+            });
+        }
+    }
+    times.sort();
+    let p99 = times[(times.len() * 99 / 100).min(times.len() - 1)];
+    eprintln!(
+        "re-election after a crash over {} shard failovers: median {:?}, p99 {p99:?} (bound {bound:?})",
+        times.len(),
+        times[times.len() / 2]
+    );
+    assert!(p99 <= bound, "p99 {p99:?} over {bound:?}");
+}
+
+#[test]
+fn an_isolated_leader_stops_acknowledging_and_the_majority_moves_on() {
+    for seed in seeds(5) {
+        let mut cluster = Cluster::new(3, 4, seed);
+        cluster.run(Duration::from_secs(1));
+        let old = cluster.leader_of(0).unwrap();
+        cluster.isolate(old);
+        cluster.run(Duration::from_secs(2));
+        // The old leader stepped down (check-quorum) and the others elected a new one.
+        let old_replica = cluster.hosts[old].as_ref().unwrap().replica(0).unwrap();
+        assert!(
+            old_replica.established_ballot().is_none(),
+            "{}",
+            cluster.replay("isolated")
+        );
+        let new = cluster.leader_of(0).expect("the majority elects");
+        assert_ne!(new, old);
+        cluster.client(
+            old,
+            0,
+            tag(9, 1),
+            ClientOp::Put {
+                key: b"k".to_vec(),
+                value: b"x".to_vec(),
+            },
+        );
+        cluster.client(
+            new,
+            0,
+            tag(9, 2),
+            ClientOp::Put {
+                key: b"k".to_vec(),
+                value: b"y".to_vec(),
+            },
+        );
+        cluster.run(Duration::from_millis(100));
+        assert!(!matches!(
+            cluster.replies.get(&tag(9, 1)),
+            Some(ClientReply::Ok { .. })
+        ));
+        assert_eq!(
+            cluster.replies.get(&tag(9, 2)),
+            Some(&ClientReply::Ok { value: None })
+        );
+        cluster.heal();
+        cluster.run(Duration::from_secs(1));
+        cluster.check_invariants();
+        let value = cluster.hosts[old]
+            .as_ref()
+            .unwrap()
+            .replica(0)
+            .unwrap()
+            .durable()
+            .kv
+            .get(b"k".as_slice())
+            .cloned();
+        assert_eq!(
+            value,
+            Some(b"y".to_vec()),
+            "the old leader catches up; {}",
+            cluster.replay("isolated")
+        );
+    }
+}
+
+#[test]
+fn a_restarted_node_recovers_from_its_disk() {
+    let mut cluster = Cluster::new(3, 8, 11);
+    cluster.run(Duration::from_secs(1));
+    for shard in 0..8 {
+        let leader = cluster.leader_of(shard).unwrap();
+        let op = ClientOp::Put {
+            key: b"k".to_vec(),
+            value: vec![shard as u8],
+        };
+        cluster.client(leader, shard, tag(1, u64::from(shard)), op);
+    }
+    cluster.run(Duration::from_millis(100));
+    for index in 0..3 {
+        cluster.crash(index);
+    }
+    cluster.run(Duration::from_millis(10));
+    for index in 0..3 {
+        cluster.start(index);
+    }
+    cluster.run(Duration::from_secs(2));
+    assert!(cluster.all_led());
+    for shard in 0..8 {
+        let leader = cluster.leader_of(shard).unwrap();
+        cluster.client(
+            leader,
+            shard,
+            tag(2, u64::from(shard)),
+            ClientOp::Get { key: b"k".to_vec() },
+        );
+    }
+    cluster.run(Duration::from_millis(100));
+    for shard in 0..8u16 {
+        assert_eq!(
+            cluster.replies.get(&tag(2, u64::from(shard))),
+            Some(&ClientReply::Ok {
+                value: Some(vec![shard as u8])
+            }),
+            "every acknowledged write survives a full restart"
+        );
+    }
+}
