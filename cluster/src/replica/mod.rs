@@ -287,6 +287,27 @@ struct PendingRead {
     round: u64,
 }
 
+/// The active config: the log's last `Config` entry at `config_at`, else the base's.
+fn active(durable: &Durable, config_at: Option<u64>) -> &Config {
+    match config_at.and_then(|index| durable.entry(index)) {
+        Some(Entry {
+            op: Op::Config(config),
+            ..
+        }) => config,
+        _ => &durable.base.config,
+    }
+}
+
+/// The index of the last `Config` entry in the log.
+fn last_config_index(durable: &Durable) -> Option<u64> {
+    durable
+        .log
+        .iter()
+        .rev()
+        .find(|entry| matches!(entry.op, Op::Config(_)))
+        .map(|entry| entry.index)
+}
+
 /// How long a leader waits between two handoffs to the placement target (R3).
 const T_STABLE: Duration = Duration::from_secs(10);
 
@@ -326,6 +347,9 @@ pub struct ShardReplica {
     dead: BTreeSet<NodeId>,
     election_at: Option<Duration>,
     heartbeat_at: Option<Duration>,
+    /// The index of the log's last `Config` entry (`None`: the base's config is active), so
+    /// `active` is O(1).
+    config_at: Option<u64>,
     target: Option<Vec<Member>>,
     last_handoff: Option<Duration>,
     rng: u64,
@@ -365,6 +389,7 @@ impl ShardReplica {
             dead: BTreeSet::new(),
             election_at: None,
             heartbeat_at: None,
+            config_at: None,
             target: None,
             last_handoff: None,
             rng: seed | 1,
@@ -378,6 +403,7 @@ impl ShardReplica {
             replies: VecDeque::new(),
         };
         replica.commit = replica.durable.applied;
+        replica.config_at = last_config_index(&replica.durable);
         replica.arm_election(now);
         replica
     }
@@ -655,8 +681,9 @@ impl ShardReplica {
         } else {
             mine > last
         };
-        if more_up_to_date && !self.durable.active_config().is_voter(&from) {
-            let reason = RejectReason::NotVoter(mine, self.durable.active_config().clone());
+        if more_up_to_date && !active(&self.durable, self.config_at).is_voter(&from) {
+            let reason =
+                RejectReason::NotVoter(mine, active(&self.durable, self.config_at).clone());
             self.send(from, Message::Reject { b, reason }, false);
             return;
         }
@@ -667,7 +694,7 @@ impl ShardReplica {
         let promise = Message::Promise {
             b,
             last: mine,
-            config: self.durable.active_config().clone(),
+            config: active(&self.durable, self.config_at).clone(),
             suffix,
         };
         self.send(from, promise, true);
@@ -701,7 +728,7 @@ impl ShardReplica {
             return None;
         }
         let mut rank = 0;
-        for voter in &self.durable.active_config().voters {
+        for voter in &active(&self.durable, self.config_at).voters {
             if voter == &self.me {
                 return Some(rank);
             }
@@ -747,7 +774,7 @@ impl ShardReplica {
         self.step_down(now);
         self.promise(b.clone());
         let last = self.durable.last();
-        let config = self.durable.active_config().clone();
+        let config = active(&self.durable, self.config_at).clone();
         let own_suffix = Some(self.durable.entries_after(self.commit).to_vec());
         let mut promises = BTreeMap::new();
         promises.insert(
@@ -889,7 +916,7 @@ impl ShardReplica {
             op: Op::EpochStart,
             tag: None,
         }]);
-        let voters = self.durable.active_config().voters.clone();
+        let voters = active(&self.durable, self.config_at).voters.clone();
         let mut leader = Leader {
             b: b.clone(),
             epoch_index: index,
@@ -1107,7 +1134,7 @@ impl ShardReplica {
         let b = leader.b.clone();
         let hb_seq = leader.hb_seq;
         let last = self.durable.last().index;
-        let active = self.durable.active_config();
+        let active = active(&self.durable, self.config_at);
         let voters: Vec<Member> = active
             .voters
             .iter()
@@ -1155,32 +1182,34 @@ impl ShardReplica {
         let Role::Leader(leader) = &self.role else {
             return;
         };
-        let config = self.durable.active_config();
-        let last = self.durable.last().index;
-        let mut new_commit = self.commit;
-        for index in (self.commit + 1..=last).rev() {
-            let Some(entry) = self.durable.entry(index) else {
-                continue;
-            };
-            if entry.ballot != leader.b && !self.mutations.commit_old_ballot_entries {
-                continue;
-            }
-            let holders = config
-                .voters
-                .iter()
-                .filter(|voter| {
-                    if voter.node == self.me.node {
-                        self.durable_last >= index
-                    } else {
-                        leader.matched.get(&voter.node).copied().unwrap_or(0) >= index
-                    }
-                })
-                .count();
-            if holders >= config.majority() {
-                new_commit = index;
-                break;
-            }
-        }
+        // The highest index a majority of the active config's voters hold (the leader counts
+        // only its durable copy), then Raft's rule: only an entry of this ballot commits by
+        // counting (Figure 8); everything before it commits with it.
+        let config = active(&self.durable, self.config_at);
+        let mut held: Vec<u64> = config
+            .voters
+            .iter()
+            .map(|voter| {
+                if voter.node == self.me.node {
+                    self.durable_last
+                } else {
+                    leader.matched.get(&voter.node).copied().unwrap_or(0)
+                }
+            })
+            .collect();
+        held.sort_unstable_by(|a, b| b.cmp(a));
+        let Some(&majority_holds) = held.get(config.majority() - 1) else {
+            return;
+        };
+        let ours = self
+            .durable
+            .entry(majority_holds)
+            .is_some_and(|entry| entry.ballot == leader.b);
+        let new_commit = if ours || self.mutations.commit_old_ballot_entries {
+            majority_holds.min(self.durable.last().index)
+        } else {
+            self.commit
+        };
         if new_commit > self.commit {
             let before = self.commit;
             self.commit = new_commit;
@@ -1255,7 +1284,7 @@ impl ShardReplica {
         if pending {
             return;
         }
-        let active = self.durable.active_config().clone();
+        let active = active(&self.durable, self.config_at).clone();
         let caught_up = |member: &Member| {
             leader.matched.get(&member.node).copied().unwrap_or(0) >= self.commit && self.commit > 0
         };
@@ -1384,6 +1413,7 @@ impl ShardReplica {
             self.step_down(now);
             self.durable.log.clear();
             self.durable.kv.clear();
+            self.config_at = None;
             self.durable.tombstone = Some(tombstone.clone());
             self.open_batch.push(Change::Tombstone(tombstone));
             self.election_at = None;
@@ -1428,7 +1458,7 @@ impl ShardReplica {
         if !leader.established {
             return;
         }
-        let config = self.durable.active_config();
+        let config = active(&self.durable, self.config_at);
         let applied = self.durable.applied;
         let mut served = Vec::new();
         leader.reads.retain(|read| {
@@ -1463,7 +1493,7 @@ impl ShardReplica {
             return;
         };
         // Check-quorum: a majority acknowledged within T_elect (the leader counts itself).
-        let config = self.durable.active_config();
+        let config = active(&self.durable, self.config_at);
         let window_start = now.saturating_sub(self.config.t_elect);
         let recent = config
             .voters
@@ -1565,6 +1595,9 @@ impl ShardReplica {
         );
         let keep = usize::try_from(index - self.durable.base.pos.index).unwrap_or(usize::MAX);
         self.durable.log.truncate(keep);
+        if self.config_at.is_some_and(|at| at > index) {
+            self.config_at = last_config_index(&self.durable);
+        }
         self.open_batch.push(Change::Truncate { from: index + 1 });
         self.durable_last = self.durable_last.min(index);
         for (_, _, last) in self.unpersisted.iter_mut() {
@@ -1575,6 +1608,9 @@ impl ShardReplica {
     fn append(&mut self, entries: Vec<Entry>) {
         if entries.is_empty() {
             return;
+        }
+        if let Some(entry) = entries.iter().rev().find(|e| matches!(e.op, Op::Config(_))) {
+            self.config_at = Some(entry.index);
         }
         self.durable.log.extend(entries.iter().cloned());
         self.open_batch.push(Change::Append(entries));
