@@ -308,6 +308,9 @@ fn last_config_index(durable: &Durable) -> Option<u64> {
         .map(|entry| entry.index)
 }
 
+/// How many `Append`s a leader has outstanding per follower at most, per send.
+const APPEND_WINDOW: usize = 4;
+
 /// How long a leader waits between two handoffs to the placement target (R3).
 const T_STABLE: Duration = Duration::from_secs(10);
 
@@ -354,6 +357,11 @@ pub struct ShardReplica {
     last_handoff: Option<Duration>,
     rng: u64,
     open_batch: Vec<Change>,
+    /// When the oldest change of the open batch was made.
+    open_since: Option<Duration>,
+    /// Followers lack entries; the `Append`s are built when messages are polled, so a burst
+    /// of writes travels as one message per follower.
+    appends_wanted: bool,
     next_batch: u64,
     unpersisted: VecDeque<(BatchId, Duration, u64)>,
     durable_last: u64,
@@ -394,6 +402,8 @@ impl ShardReplica {
             last_handoff: None,
             rng: seed | 1,
             open_batch: Vec::new(),
+            open_since: None,
+            appends_wanted: false,
             next_batch: 0,
             unpersisted: VecDeque::new(),
             durable_last,
@@ -464,12 +474,29 @@ impl ShardReplica {
     // ---- outputs ----
 
     /// The next batch to make durable.
+    ///
+    /// Changes gather in an open batch until this is called, so everything handled since the
+    /// last call becomes one batch.
     pub fn poll_persist(&mut self) -> Option<Persist> {
+        if self.persists.is_empty() && !self.open_batch.is_empty() {
+            let batch = BatchId(self.next_batch);
+            self.next_batch += 1;
+            let changes = std::mem::take(&mut self.open_batch);
+            let since = self.open_since.take().unwrap_or_default();
+            self.unpersisted
+                .push_back((batch, since, self.durable.last().index));
+            self.persists.push_back(Persist { batch, changes });
+        }
         self.persists.pop_front()
     }
 
     /// The next message.
     pub fn poll_message(&mut self) -> Option<Outgoing> {
+        if self.appends_wanted {
+            self.appends_wanted = false;
+            self.send_appends(false);
+            self.tag_pending();
+        }
         self.outbox.pop_front()
     }
 
@@ -1077,7 +1104,7 @@ impl ShardReplica {
         leader.last_ack.insert(node, now);
         self.advance_commit(now);
         self.serve_reads();
-        self.send_appends(false);
+        self.appends_wanted = true;
         self.progress_transfer(now);
     }
 
@@ -1097,7 +1124,7 @@ impl ShardReplica {
             NackReason::Conflict { last } => {
                 let next = leader.next.entry(from.node.clone()).or_insert(1);
                 *next = (*next).saturating_sub(1).min(last + 1).max(1);
-                self.send_appends(false);
+                self.appends_wanted = true;
             }
         }
     }
@@ -1123,7 +1150,7 @@ impl ShardReplica {
             leader.writes.insert(index, tag);
         }
         let _ = now;
-        self.send_appends(false);
+        self.appends_wanted = true;
     }
 
     /// Sends each follower what it lacks; with `round`, a heartbeat round to all.
@@ -1143,32 +1170,36 @@ impl ShardReplica {
             .collect();
         let mut sends = Vec::new();
         for voter in voters.iter().filter(|v| v.node != self.me.node) {
-            let next = leader.next.get(&voter.node).copied().unwrap_or(last + 1);
-            if next > last && !round {
-                continue;
+            let mut next = leader.next.get(&voter.node).copied().unwrap_or(last + 1);
+            // Up to a window of messages per follower (pipelining); a round sends at least one.
+            for window in 0..APPEND_WINDOW {
+                if next > last && !(round && window == 0) {
+                    break;
+                }
+                let Some(prev) = self.durable.pos_at(next.saturating_sub(1)) else {
+                    break;
+                };
+                let entries: Vec<Entry> = self
+                    .durable
+                    .entries_after(next.saturating_sub(1))
+                    .iter()
+                    .take(self.config.max_append)
+                    .cloned()
+                    .collect();
+                let sent_to = prev.index + entries.len() as u64;
+                sends.push((
+                    voter.clone(),
+                    Message::Append {
+                        b: b.clone(),
+                        prev,
+                        entries,
+                        commit: self.commit,
+                        hb_seq,
+                    },
+                    sent_to,
+                ));
+                next = sent_to + 1;
             }
-            let Some(prev) = self.durable.pos_at(next.saturating_sub(1)) else {
-                continue;
-            };
-            let entries: Vec<Entry> = self
-                .durable
-                .entries_after(next.saturating_sub(1))
-                .iter()
-                .take(self.config.max_append)
-                .cloned()
-                .collect();
-            let sent_to = prev.index + entries.len() as u64;
-            sends.push((
-                voter.clone(),
-                Message::Append {
-                    b: b.clone(),
-                    prev,
-                    entries,
-                    commit: self.commit,
-                    hb_seq,
-                },
-                sent_to,
-            ));
         }
         for (voter, message, sent_to) in sends {
             if let Role::Leader(leader) = &mut self.role {
@@ -1361,7 +1392,7 @@ impl ShardReplica {
             tag: None,
         };
         self.append(vec![entry]);
-        self.send_appends(false);
+        self.appends_wanted = true;
     }
 
     /// R7 (2): once the target holds everything committed, ask it to stand; (5) give up at
@@ -1628,15 +1659,20 @@ impl ShardReplica {
         {
             self.heartbeat(now);
         }
-        if !self.open_batch.is_empty() {
-            let batch = BatchId(self.next_batch);
-            self.next_batch += 1;
-            let changes = std::mem::take(&mut self.open_batch);
-            self.unpersisted
-                .push_back((batch, now, self.durable.last().index));
-            self.persists.push_back(Persist { batch, changes });
+        if !self.open_batch.is_empty() && self.open_since.is_none() {
+            self.open_since = Some(now);
         }
-        let wait_for = self.unpersisted.back().map(|(batch, ..)| *batch);
+        self.tag_pending();
+    }
+
+    /// Moves the handler's messages to the outbox, each waiting for the batch that holds the
+    /// changes made before it (the open one, else the newest unpersisted one).
+    fn tag_pending(&mut self) {
+        let wait_for = if self.open_batch.is_empty() {
+            self.unpersisted.back().map(|(batch, ..)| *batch)
+        } else {
+            Some(BatchId(self.next_batch))
+        };
         for (to, message, needs_durable) in self.pending_out.drain(..) {
             self.outbox.push_back(Outgoing {
                 to,
