@@ -26,8 +26,8 @@ pub struct HostPersist {
     pub shards: Vec<(u16, Persist)>,
 }
 
-/// Messages for one peer node, sent as one frame.
-#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+/// Messages for one peer node, sent as one frame (serde: it travels in the `wire` envelope).
+#[derive(Debug, Clone, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
 pub struct PeerBatch {
     /// The sending replica's member (node and storage).
     pub from: Member,

@@ -24,6 +24,31 @@ proptest! {
     }
 
     #[test]
+    fn arbitrary_replication_frames_never_panic(bytes in proptest::collection::vec(any::<u8>(), 0..512)) {
+        let _ = wire::decode::<cluster::replica::PeerBatch>(&bytes);
+        let _ = wire::decode::<cluster::replica::Message>(&bytes);
+    }
+
+    #[test]
+    fn a_peer_batch_roundtrips(n in 0u64..1000, index in 0u64..1000, key in proptest::collection::vec(any::<u8>(), 0..32)) {
+        use cluster::replica::{Ballot, Entry, Member, Message, Op, PeerBatch, Pos, StorageId};
+        let b = Ballot { n, node: name(1) };
+        let entry = Entry { ballot: b.clone(), index: index + 1, op: Op::Put { key, value: vec![1] }, tag: None };
+        let batch = PeerBatch {
+            from: Member { node: name(1), storage: StorageId(7) },
+            messages: vec![(42, Member { node: name(2), storage: StorageId(9) }, Message::Append {
+                b: b.clone(),
+                prev: Pos { ballot: Some(b), index },
+                entries: vec![entry],
+                commit: index,
+                hb_seq: 3,
+            })],
+        };
+        let bytes = wire::encode(&batch);
+        prop_assert_eq!(wire::decode::<PeerBatch>(&bytes).unwrap(), batch);
+    }
+
+    #[test]
     fn shard_for_roundtrips(key in proptest::collection::vec(any::<u8>(), 0..64)) {
         let request = Request::ShardFor { key };
         let bytes = wire::encode(&request);
