@@ -755,10 +755,12 @@ impl Cluster {
         self.refresh_table();
     }
 
-    /// foca answers any packet from an identity it holds down with `TurnUndead`. When that
-    /// identity is an old life of a member whose newer life is active here (a late packet of
-    /// the old process, or a refutation that raced the down declaration), the message would
-    /// reach the live process at the same address and force a needless renewal: drop it.
+    /// foca 2.0.0 sends `TurnUndead` when a suspicion timer expires even if the member refuted
+    /// in time (`apply_existing_if` yields `Some` whether or not its condition held), and it
+    /// answers a late packet of an old life with `TurnUndead` that reaches the new life at the
+    /// same address. Both force a needless renewal: drop a `TurnUndead` whenever a member with
+    /// that node id is active in our view. A member we really hold down is not active, so the
+    /// message still goes out.
     fn is_needless_turn_undead(&self, to: &Identity, packet: &[u8]) -> bool {
         let Ok(header) = PostcardCodec.decode_header(packet) else {
             return false;
@@ -768,7 +770,7 @@ impl Cluster {
             && self
                 .foca
                 .iter_members()
-                .any(|member| member.id().node_id == to.node_id && member.id() != to)
+                .any(|member| member.id().node_id == to.node_id)
     }
 
     fn notice(&mut self, notification: OwnedNotification<Identity>) {

@@ -1,5 +1,7 @@
 //! A deterministic in-memory network of [`Cluster`] cores on a virtual clock: datagrams take
-//! 1–3 ms, requests are answered at once, nodes can crash, pause and resume.
+//! 1–3 ms, requests are answered at once, nodes can crash, pause and resume. With
+//! `SLOTRING_TRACE=1` every delivered SWIM packet (message and piggybacked updates) and every
+//! `TurnUndead` sent is printed, with the sender's view.
 
 use std::cmp::Reverse;
 use std::collections::{BTreeMap, BinaryHeap};
@@ -195,8 +197,47 @@ impl Net {
         let Some(core) = self.slots[to].core.as_mut() else {
             return;
         };
+        let before = core.identity().generation;
+        if std::env::var("SLOTRING_TRACE").is_ok() {
+            use foca::Codec;
+            if let Ok(header) =
+                Codec::<Identity>::decode_header(&mut foca::PostcardCodec, &payload[1..])
+            {
+                let header: foca::Header<Identity> = header;
+                eprintln!(
+                    "{now:?} n{from}->n{to} {:?} src_inc={}",
+                    header.message, header.src_incarnation
+                );
+                let mut rest = &payload[1..];
+                let _ = Codec::<Identity>::decode_header(&mut foca::PostcardCodec, &mut rest);
+                if rest.len() >= 2 {
+                    let count = u16::from_be_bytes([rest[0], rest[1]]);
+                    let mut buf = &rest[2..];
+                    for _ in 0..count {
+                        let member =
+                            Codec::<Identity>::decode_member(&mut foca::PostcardCodec, &mut buf);
+                        if let Ok(m) = member {
+                            eprintln!(
+                                "    update {} gen{} inc{} {:?}",
+                                m.id().node_id,
+                                m.id().generation,
+                                m.incarnation(),
+                                m.state()
+                            );
+                        }
+                    }
+                }
+            }
+        }
         if core.handle_datagram(now, &name(from), payload).is_err() {
             *self.refused.entry(to).or_default() += 1;
+        }
+        if self.slots[to]
+            .core
+            .as_ref()
+            .is_some_and(|c| c.identity().generation != before)
+        {
+            eprintln!("{now:?} n{to} RENEWED after datagram from n{from}");
         }
         self.flush(to);
     }
@@ -220,6 +261,32 @@ impl Net {
             };
             match transmit {
                 Transmit::Datagram { to, payload, .. } => {
+                    if std::env::var("SLOTRING_TRACE").is_ok() {
+                        use foca::Codec;
+                        if let Ok(header) = Codec::<Identity>::decode_header(
+                            &mut foca::PostcardCodec,
+                            &payload[1..],
+                        ) && header.message == foca::Message::TurnUndead
+                        {
+                            {
+                                let core = self.slots[index].core.as_ref().unwrap();
+                                eprintln!(
+                                    "{now:?} n{index} SENDS TurnUndead to {:?}; view {:?}",
+                                    header.dst,
+                                    core.members()
+                                        .members
+                                        .iter()
+                                        .map(|m| (
+                                            m.id.to_string(),
+                                            m.generation,
+                                            m.incarnation,
+                                            m.state.clone()
+                                        ))
+                                        .collect::<Vec<_>>()
+                                );
+                            }
+                        }
+                    }
                     let delay = Duration::from_micros(self.rng.random_range(1000..3000));
                     self.sequence += 1;
                     self.flights.push(Reverse(InFlight {
