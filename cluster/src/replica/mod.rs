@@ -894,28 +894,32 @@ impl ShardReplica {
             .filter(|promise| config.is_voter(&promise.member))
             .count();
         if counted < config.majority() {
-            let b = candidate.b.clone();
-            let prepare = Message::Prepare {
-                b,
-                last: self.durable.last(),
-                commit: candidate.commit_at_prepare,
-                handoff_from: candidate.handoff_from.clone(),
-            };
-            let unasked: Vec<Member> = config
-                .voters
-                .iter()
-                .filter(|voter| !candidate.asked.contains(&voter.node))
-                .cloned()
-                .collect();
-            for voter in unasked {
-                if let Role::Candidate(candidate) = &mut self.role {
-                    candidate.asked.insert(voter.node.clone());
-                }
-                self.send(voter, prepare.clone(), true);
-            }
+            self.ask_unasked_voters(&config);
             return;
         }
         self.adopt(now, &owner);
+    }
+
+    /// R2.3: sends the candidate's `Prepare` to the voters of `config` not asked yet.
+    fn ask_unasked_voters(&mut self, config: &Config) {
+        let Role::Candidate(candidate) = &mut self.role else {
+            return;
+        };
+        let prepare = Message::Prepare {
+            b: candidate.b.clone(),
+            last: self.durable.last(),
+            commit: candidate.commit_at_prepare,
+            handoff_from: candidate.handoff_from.clone(),
+        };
+        let mut unasked = Vec::new();
+        for voter in &config.voters {
+            if candidate.asked.insert(voter.node.clone()) {
+                unasked.push(voter.clone());
+            }
+        }
+        for voter in unasked {
+            self.send(voter, prepare.clone(), true);
+        }
     }
 
     fn adopt(&mut self, now: Duration, owner: &NodeId) {
@@ -997,24 +1001,7 @@ impl ShardReplica {
             RejectReason::NoState => {}
             RejectReason::NotVoter(_, config) | RejectReason::Tombstone(_, config) => {
                 // R2.3: a newer config exists; ask its voters too.
-                let prepare = Message::Prepare {
-                    b: b.clone(),
-                    last: self.durable.last(),
-                    commit: candidate.commit_at_prepare,
-                    handoff_from: candidate.handoff_from.clone(),
-                };
-                let unasked: Vec<Member> = config
-                    .voters
-                    .iter()
-                    .filter(|voter| !candidate.asked.contains(&voter.node))
-                    .cloned()
-                    .collect();
-                for voter in unasked {
-                    if let Role::Candidate(candidate) = &mut self.role {
-                        candidate.asked.insert(voter.node.clone());
-                    }
-                    self.send(voter, prepare.clone(), true);
-                }
+                self.ask_unasked_voters(&config);
             }
         }
     }
