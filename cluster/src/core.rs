@@ -580,6 +580,14 @@ impl Cluster {
                 }
                 self.left
                     .insert(identity.node_id.clone(), identity.generation);
+                let already_down = self
+                    .foca
+                    .iter_membership_state()
+                    .any(|m| m.id() == &identity && m.state() == foca::State::Down);
+                if already_down {
+                    // Gossip of its leave arrived first and was reported as down.
+                    self.events.push_back(Event::MemberLeft(identity.clone()));
+                }
                 let down = Member::new(identity.clone(), foca::Incarnation::MAX, foca::State::Down);
                 if let Err(error) =
                     self.foca
