@@ -19,6 +19,10 @@ use crate::datadir::DataDir;
 
 /// How long a peer request (sync, leave notice) may take.
 const PEER_REQUEST_TIMEOUT: Duration = Duration::from_secs(2);
+/// How long a node restarted without `--join` tries the peers it saved before starting alone.
+const SAVED_PEERS_PATIENCE: Duration = Duration::from_secs(3);
+/// How often a node that is alone asks its saved peers again.
+const SAVED_PEERS_RETRY: Duration = Duration::from_secs(5);
 /// How long a graceful leave waits for its notices to be acknowledged.
 const LEAVE_GRACE: Duration = Duration::from_millis(1500);
 
@@ -58,7 +62,31 @@ pub(crate) async fn run(args: DaemonArgs) -> Result<ExitCode> {
             flags.check(spec, "the spec stored in the data dir")?;
         }
         let started = Instant::now();
-        let (spec, welcome) = if args.join.is_empty() {
+        let saved_peers = data_dir.peers()?;
+        let rejoin = if args.join.is_empty() && stored_spec.is_some() && !saved_peers.is_empty() {
+            // A restart without --join: try the peers this node last saw, briefly; if none
+            // answers, start alone and wait to be found.
+            let deadline = started + SAVED_PEERS_PATIENCE;
+            match join(
+                &endpoint,
+                &saved_peers,
+                &node_id,
+                stored_spec.clone(),
+                deadline,
+            )
+            .await
+            {
+                Ok(welcome) => Some(welcome),
+                Err(JoinError::Silent(error)) => {
+                    info!(%error, "no saved peer answered; starting alone");
+                    None
+                }
+                Err(JoinError::Fatal(error)) => return Err(error),
+            }
+        } else {
+            None
+        };
+        let (spec, welcome) = if args.join.is_empty() && rejoin.is_none() {
             let spec = match stored_spec {
                 Some(spec) => spec,
                 None => {
@@ -69,15 +97,21 @@ pub(crate) async fn run(args: DaemonArgs) -> Result<ExitCode> {
             };
             (spec, Vec::new())
         } else {
-            let deadline = started + Duration::from_secs(args.join_timeout);
-            let (spec, members) = join(
-                &endpoint,
-                &args.join,
-                &node_id,
-                stored_spec.clone(),
-                deadline,
-            )
-            .await?;
+            let (spec, members) = match rejoin {
+                Some(welcome) => welcome,
+                None => {
+                    let deadline = started + Duration::from_secs(args.join_timeout);
+                    join(
+                        &endpoint,
+                        &args.join,
+                        &node_id,
+                        stored_spec.clone(),
+                        deadline,
+                    )
+                    .await
+                    .map_err(JoinError::into_inner)?
+                }
+            };
             flags.check(&spec, "the cluster")?;
             if let Some(stored) = &stored_spec
                 && stored != &spec
@@ -230,6 +264,29 @@ impl SpecFlags {
     }
 }
 
+/// Why a join failed.
+#[derive(Debug)]
+enum JoinError {
+    /// Refused (another spec, another cluster, another CA) or a malformed answer: final.
+    Fatal(anyhow::Error),
+    /// No seed answered before the deadline.
+    Silent(anyhow::Error),
+}
+
+impl JoinError {
+    fn into_inner(self) -> anyhow::Error {
+        match self {
+            JoinError::Fatal(error) | JoinError::Silent(error) => error,
+        }
+    }
+}
+
+impl From<anyhow::Error> for JoinError {
+    fn from(error: anyhow::Error) -> Self {
+        JoinError::Fatal(error)
+    }
+}
+
 /// Asks the seeds, in turn and with backoff, to let this node in. A refusal (another spec,
 /// another cluster) or a refused handshake (another CA) is final; silence is retried until
 /// `deadline`.
@@ -239,7 +296,7 @@ async fn join(
     node_id: &NodeId,
     spec: Option<ClusterSpec>,
     deadline: Instant,
-) -> Result<(ClusterSpec, Vec<WireMember>)> {
+) -> Result<(ClusterSpec, Vec<WireMember>), JoinError> {
     let body = Bytes::from(wire::encode(&Request::Join {
         node_id: node_id.clone(),
         spec,
@@ -252,18 +309,27 @@ async fn join(
                 .request(*seed, None, body.clone(), PEER_REQUEST_TIMEOUT)
                 .await
             {
-                Ok(answer) => match wire::decode::<Response>(&answer)? {
+                Ok(answer) => match wire::decode::<Response>(&answer)
+                    .map_err(anyhow::Error::from)?
+                {
                     Response::Welcome { spec, members } => {
                         info!(%seed, members = members.len(), "welcomed");
                         return Ok((spec, members));
                     }
-                    Response::Refused { reason } => bail!("refused by {seed}: {reason}"),
-                    other => bail!("unexpected answer from {seed}: {other:?}"),
+                    Response::Refused { reason } => {
+                        return Err(anyhow::anyhow!("refused by {seed}: {reason}").into());
+                    }
+                    other => {
+                        return Err(
+                            anyhow::anyhow!("unexpected answer from {seed}: {other:?}").into()
+                        );
+                    }
                 },
                 Err(error @ RequestError::Handshake { .. }) => {
-                    return Err(error).with_context(|| {
-                        format!("joining through {seed}: the seed refused this node's certificate (is it from another cluster's CA?)")
-                    });
+                    let error = anyhow::Error::from(error).context(format!(
+                        "joining through {seed}: the seed refused this node's certificate (is it from another cluster's CA?)"
+                    ));
+                    return Err(error.into());
                 }
                 Err(error) => {
                     debug!(%seed, %error, "join attempt failed");
@@ -272,7 +338,7 @@ async fn join(
             }
         }
         if Instant::now() + backoff > deadline {
-            bail!(
+            return Err(JoinError::Silent(anyhow::anyhow!(
                 "could not join through {} before the deadline; last error: {}",
                 seeds
                     .iter()
@@ -280,7 +346,7 @@ async fn join(
                     .collect::<Vec<_>>()
                     .join(", "),
                 last_error.unwrap_or_default()
-            );
+            )));
         }
         tokio::time::sleep(backoff).await;
         backoff = (backoff * 2).min(Duration::from_secs(2));
@@ -297,11 +363,18 @@ struct NodeLoop {
     answers_rx: mpsc::UnboundedReceiver<(RequestId, Result<Response, String>)>,
     /// Leave notices in flight, during shutdown.
     leaving: Vec<tokio::task::JoinHandle<()>>,
+    /// Peers saved in the data dir, asked again while this node is alone (so nodes that all
+    /// restarted at once, each starting alone, find each other).
+    saved_peers: Vec<std::net::SocketAddr>,
+    welcomes_tx: mpsc::UnboundedSender<Vec<WireMember>>,
+    welcomes_rx: mpsc::UnboundedReceiver<Vec<WireMember>>,
 }
 
 impl NodeLoop {
     fn new(core: Cluster, endpoint: Endpoint, started: Instant, data_dir: DataDir) -> Self {
         let (answers_tx, answers_rx) = mpsc::unbounded_channel();
+        let (welcomes_tx, welcomes_rx) = mpsc::unbounded_channel();
+        let saved_peers = data_dir.peers().unwrap_or_default();
         NodeLoop {
             core,
             endpoint,
@@ -310,7 +383,38 @@ impl NodeLoop {
             answers_tx,
             answers_rx,
             leaving: Vec::new(),
+            saved_peers,
+            welcomes_tx,
+            welcomes_rx,
         }
+    }
+
+    /// While no other member is alive, asks the saved peers to let this node in, in the
+    /// background; a welcome comes back through `welcomes_rx`.
+    fn retry_saved_peers(&self) {
+        let me = self.core.identity().node_id.clone();
+        let alone = self
+            .core
+            .members()
+            .members
+            .iter()
+            .all(|member| member.id == me || member.state != "alive");
+        if !alone || self.saved_peers.is_empty() {
+            return;
+        }
+        let endpoint = self.endpoint.clone();
+        let peers = self.saved_peers.clone();
+        let spec = self.core.spec().clone();
+        let welcomes = self.welcomes_tx.clone();
+        tokio::spawn(async move {
+            let deadline = Instant::now() + PEER_REQUEST_TIMEOUT;
+            match join(&endpoint, &peers, &me, Some(spec), deadline).await {
+                Ok((_, members)) => {
+                    let _ = welcomes.send(members);
+                }
+                Err(error) => debug!(error = %error.into_inner(), "saved peers still silent"),
+            }
+        });
     }
 
     fn now(&self) -> Duration {
@@ -323,6 +427,9 @@ impl NodeLoop {
             signal(SignalKind::terminate()).context("installing a SIGTERM handler")?;
         let mut interrupt =
             signal(SignalKind::interrupt()).context("installing a SIGINT handler")?;
+        let mut retry = tokio::time::interval(SAVED_PEERS_RETRY);
+        retry.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        retry.tick().await;
         loop {
             self.drain()?;
             let wake = self
@@ -334,6 +441,12 @@ impl NodeLoop {
                 biased;
                 _ = terminate.recv() => break,
                 _ = interrupt.recv() => break,
+                _ = retry.tick() => self.retry_saved_peers(),
+                Some(members) = self.welcomes_rx.recv() => {
+                    info!(members = members.len(), "a saved peer welcomed this node back");
+                    let now = self.now();
+                    self.core.join(now, members);
+                }
                 Some(message) = inbound.recv() => self.handle_inbound(message),
                 Some((id, answer)) = self.answers_rx.recv() => {
                     let now = self.now();
@@ -396,6 +509,23 @@ impl NodeLoop {
         }
     }
 
+    /// Remembers the live members' addresses, so a restart without `--join` finds them.
+    fn save_peers(&self) -> Result<()> {
+        let me = self.core.identity().node_id.clone();
+        let peers: Vec<std::net::SocketAddr> = self
+            .core
+            .members()
+            .members
+            .into_iter()
+            .filter(|member| member.id != me && member.state == "alive")
+            .map(|member| member.addr)
+            .collect();
+        if peers.is_empty() {
+            return Ok(()); // Keep the last known peers: they may come back.
+        }
+        self.data_dir.store_peers(&peers)
+    }
+
     /// Carries out everything the core asked for; never awaits a peer.
     fn drain(&mut self) -> Result<()> {
         while let Some(transmit) = self.core.poll_transmit() {
@@ -451,7 +581,10 @@ impl NodeLoop {
                     digest,
                     members,
                     leaders_changed,
-                } => info!(%digest, members, leaders_changed, "shard table changed"),
+                } => {
+                    info!(%digest, members, leaders_changed, "shard table changed");
+                    self.save_peers()?;
+                }
                 Event::Renewed { generation } => {
                     warn!(
                         generation,

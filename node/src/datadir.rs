@@ -83,6 +83,16 @@ impl DataDir {
         self.write_json("spec.json", spec)
     }
 
+    /// The peers this node last saw alive, if any.
+    pub(crate) fn peers(&self) -> Result<Vec<std::net::SocketAddr>> {
+        Ok(self.read_json("peers.json")?.unwrap_or_default())
+    }
+
+    /// Records the peers this node sees alive.
+    pub(crate) fn store_peers(&self, peers: &[std::net::SocketAddr]) -> Result<()> {
+        self.write_json("peers.json", &peers)
+    }
+
     fn file(&self, name: &str) -> String {
         self.path.join(name).display().to_string()
     }

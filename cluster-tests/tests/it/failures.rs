@@ -217,3 +217,22 @@ fn short_pause_declares_no_one_down() {
     }
     cluster.wait_converged(Duration::from_secs(5));
 }
+
+/// Every node killed, then all started again without `--join`: each tries the peers it saved
+/// in its data dir, and they find each other again (new generations, the original table).
+#[test]
+fn a_whole_cluster_restarted_without_join_finds_itself_again() {
+    let mut cluster = Cluster::launch("restart-all", 3);
+    let original = digest(&cluster.query(0, &["status"])).unwrap();
+    for index in 0..3 {
+        cluster.kill9(index);
+    }
+    for index in 0..3 {
+        cluster.start(index);
+    }
+    for index in 0..3 {
+        cluster.wait_answering(index);
+    }
+    cluster.wait_converged(CONVERGE_WITHIN);
+    wait_digest(&cluster, &[0, 1, 2], &original, CONVERGE_WITHIN);
+}
