@@ -2,6 +2,7 @@
 
 mod hosts;
 mod membership;
+mod model;
 mod net;
 mod replica;
 mod wire;

@@ -1,0 +1,713 @@
+//! The stateright actors: a thin adapter over the real [`ShardReplica`], and a client.
+
+use std::borrow::Cow;
+use std::cell::Cell;
+use std::collections::hash_map::DefaultHasher;
+use std::hash::{Hash, Hasher};
+use std::panic::{AssertUnwindSafe, catch_unwind};
+use std::sync::{Arc, Once};
+use std::time::Duration;
+
+use cluster::replica::{
+    Change, ClientOp, ClientReply, Config, Durable, Member, Message, Mutations, ReplicaConfig,
+    RequestTag, ShardReplica, StorageId, Timer,
+};
+use stateright::actor::{Actor, Id, Out, model_timeout};
+
+use crate::net::name;
+
+/// Replicas are actors `0..REPLICAS`; clients follow.
+pub(crate) const REPLICAS: usize = 3;
+/// The one key the clients use.
+pub(crate) const KEY: &[u8] = b"k";
+const SHARD: u16 = 7;
+/// `T_elect`. Every handler runs at `now = 0` except `Prepare`, which runs at `now = T_ELECT`:
+/// a follower then never holds a `Prepare` off as sticky (the last `Append` it heard, at 0, is
+/// `T_elect` old), and a leader's check-quorum never fires (`now - since` is 0). Time is not
+/// modeled; safety must hold whatever the clocks say.
+const T_ELECT: Duration = Duration::from_secs(1);
+
+pub(crate) fn member(index: usize) -> Member {
+    Member {
+        node: name(index),
+        storage: StorageId(100 + index as u128),
+    }
+}
+
+pub(crate) fn index_of(node: &topology::NodeId) -> usize {
+    (0..REPLICAS)
+        .find(|&i| name(i) == *node)
+        .expect("a replica of the model")
+}
+
+fn shard_config() -> Config {
+    Config {
+        voters: (0..REPLICAS).map(member).collect(),
+        learners: Vec::new(),
+    }
+}
+
+/// Knobs of one model run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub(crate) struct Knobs {
+    /// The switches the replicas run with.
+    pub(crate) mutations: Mutations,
+    /// Entries per `Append` (1 makes a follower acknowledge old entries apart from the
+    /// leader's `EpochStart`, which Raft's Figure 8 needs).
+    pub(crate) max_append: usize,
+    /// Bound: every ballot's `n`.
+    pub(crate) max_n: u64,
+    /// Bound: every log's length.
+    pub(crate) max_log: usize,
+    /// Bound: every heartbeat round number.
+    pub(crate) max_hb: u64,
+    /// Bound: crash-restarts, in all (the `Restart` timer, and stateright's `Recover`).
+    pub(crate) max_restarts: u8,
+    /// Whether a leader's `Heartbeat` timer fires by itself (a read asks for its own round
+    /// either way).
+    pub(crate) heartbeat_timer: bool,
+    /// Whether crashes are the `Restart` timer (else stateright's `Crash` and `Recover`).
+    pub(crate) restart_timer: bool,
+}
+
+/// The model's timers: the replica's two, and a crash-restart.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub(crate) enum ModelTimer {
+    /// `Timer::Election`: a replica that does not lead stands.
+    Election,
+    /// `Timer::Heartbeat`: a leader sends a round.
+    Heartbeat,
+    /// The replica crashes and restarts from its disk at once (see `model.rs`).
+    Restart,
+}
+
+/// What a replica keeps across a crash: its disk image, and how often it restarted.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub(crate) struct Saved {
+    pub(crate) disk: Arc<Durable>,
+    pub(crate) boots: u8,
+}
+
+fn replica_config(knobs: Knobs) -> ReplicaConfig {
+    ReplicaConfig {
+        t_elect: T_ELECT,
+        t_step: Duration::ZERO,
+        jitter: Duration::ZERO,
+        heartbeat: Duration::from_millis(100),
+        t_disk: Duration::from_secs(3600),
+        max_append: knobs.max_append,
+        ..ReplicaConfig::default()
+    }
+}
+
+/// Messages: between replicas, and client attempts and their answers.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub(crate) enum ModelMsg {
+    /// Replica to replica (shared: states clone the network).
+    Replica(Arc<Message>),
+    /// Client to replica.
+    Request(RequestTag, ClientOp),
+    /// Replica to client.
+    Reply(RequestTag, ClientReply),
+}
+
+// stateright wants `Ord` messages (it sorts actions): by hash, then by the `Debug` text
+// (which tells different messages apart), consistent with `Eq`.
+impl Ord for ModelMsg {
+    fn cmp(&self, other: &Self) -> std::cmp::Ordering {
+        let hash = |msg: &ModelMsg| {
+            let mut hasher = DefaultHasher::new();
+            msg.hash(&mut hasher);
+            hasher.finish()
+        };
+        hash(self).cmp(&hash(other)).then_with(|| {
+            if self == other {
+                return std::cmp::Ordering::Equal;
+            }
+            format!("{self:?}").cmp(&format!("{other:?}"))
+        })
+    }
+}
+
+impl PartialOrd for ModelMsg {
+    fn partial_cmp(&self, other: &Self) -> Option<std::cmp::Ordering> {
+        Some(self.cmp(other))
+    }
+}
+
+/// A replica actor's state: the real replica, and its disk image as the `Persist` batches
+/// built it (the same as `replica.durable()` unless a mutation skips a write).
+#[derive(Clone)]
+pub(crate) struct ReplicaState {
+    pub(crate) replica: ShardReplica,
+    pub(crate) disk: Arc<Durable>,
+    /// Restarts so far.
+    pub(crate) boots: u8,
+    /// The message of an assertion the core failed in a handler (the replica is then frozen).
+    pub(crate) panicked: Option<String>,
+    /// The fingerprint: see [`canon`].
+    canon: u64,
+}
+
+impl ReplicaState {
+    fn new(replica: ShardReplica, disk: Arc<Durable>, boots: u8) -> Self {
+        let mut state = ReplicaState {
+            replica,
+            disk,
+            boots,
+            panicked: None,
+            canon: 0,
+        };
+        state.canon = canon(&state);
+        state
+    }
+}
+
+impl std::fmt::Debug for ReplicaState {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let mut s = f.debug_struct("ReplicaState");
+        s.field("replica", &self.replica);
+        if *self.disk != *self.replica.durable() {
+            s.field("disk", &self.disk);
+        }
+        if let Some(panicked) = &self.panicked {
+            s.field("panicked", panicked);
+        }
+        s.finish()
+    }
+}
+
+impl PartialEq for ReplicaState {
+    fn eq(&self, other: &Self) -> bool {
+        self.canon == other.canon
+    }
+}
+
+impl Hash for ReplicaState {
+    fn hash<H: Hasher>(&self, state: &mut H) {
+        self.canon.hash(state);
+    }
+}
+
+/// Fields of `ShardReplica` that never change its behaviour in the model but would split
+/// otherwise equal states: `rng` advances on every draw even with zero jitter (a hidden
+/// counter), `next_batch` counts batches (all of them are persisted at once here), and the
+/// timer deadlines are not read (the model fires timers nondeterministically).
+const MASKED: [&str; 4] = ["rng", "next_batch", "election_at", "heartbeat_at"];
+
+/// The replica's fingerprint: a hash of its `Debug` text (the only view of its private fields)
+/// without the [`MASKED`] fields, of the disk image and of the failed assertion, if any.
+fn canon(state: &ReplicaState) -> u64 {
+    let text = format!("{:?}", state.replica);
+    let mut hasher = DefaultHasher::new();
+    mask_fields(&text, &MASKED).hash(&mut hasher);
+    state.disk.hash(&mut hasher);
+    state.boots.hash(&mut hasher);
+    state.panicked.hash(&mut hasher);
+    hasher.finish()
+}
+
+/// `text` is `Name { a: .., b: .., .. }` (derived `Debug`); drops the top-level fields in
+/// `masked`, and panics if one is missing (a renamed field must be renamed here too).
+fn mask_fields(text: &str, masked: &[&str]) -> String {
+    let open = text.find('{').expect("a struct");
+    let body = &text[open + 1..text.len() - 1];
+    let mut fields = Vec::new();
+    let (mut depth, mut start, mut quoted, mut escaped) = (0i32, 0, false, false);
+    for (i, c) in body.char_indices() {
+        if quoted {
+            match (escaped, c) {
+                (true, _) => escaped = false,
+                (false, '\\') => escaped = true,
+                (false, '"') => quoted = false,
+                _ => {}
+            }
+            continue;
+        }
+        match c {
+            '"' => quoted = true,
+            '{' | '(' | '[' => depth += 1,
+            '}' | ')' | ']' => depth -= 1,
+            ',' if depth == 0 => {
+                fields.push(body[start..i].trim());
+                start = i + 1;
+            }
+            _ => {}
+        }
+    }
+    fields.push(body[start..].trim());
+    let mut kept = String::with_capacity(text.len());
+    for name in masked {
+        let prefix = format!("{name}: ");
+        assert!(
+            fields.iter().any(|f| f.starts_with(&prefix)),
+            "ShardReplica has no field `{name}` any more: update MASKED"
+        );
+    }
+    for field in fields {
+        if !masked.iter().any(|name| {
+            field
+                .strip_prefix(name)
+                .is_some_and(|r| r.starts_with(": "))
+        }) {
+            kept.push_str(field);
+            kept.push('\n');
+        }
+    }
+    kept
+}
+
+thread_local! {
+    static QUIET: Cell<bool> = const { Cell::new(false) };
+}
+
+/// Runs `f`, turning a panic (a failed assertion of the core) into an error, without printing
+/// it: the model reports it as a property violation with a trace.
+fn guarded<T>(f: impl FnOnce() -> T) -> Result<T, String> {
+    static HOOK: Once = Once::new();
+    HOOK.call_once(|| {
+        let previous = std::panic::take_hook();
+        std::panic::set_hook(Box::new(move |info| {
+            if !QUIET.with(Cell::get) {
+                previous(info);
+            }
+        }));
+    });
+    QUIET.with(|q| q.set(true));
+    let result = catch_unwind(AssertUnwindSafe(f));
+    QUIET.with(|q| q.set(false));
+    result.map_err(|payload| {
+        payload
+            .downcast_ref::<&str>()
+            .map(ToString::to_string)
+            .or_else(|| payload.downcast_ref::<String>().cloned())
+            .unwrap_or_else(|| "a panic".to_string())
+    })
+}
+
+/// What one client does: a `Put` of its value, then a `Get`, each sent first to its own target.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub(crate) struct ClientPlan {
+    pub(crate) put_to: usize,
+    pub(crate) get_to: usize,
+}
+
+/// How many `Moved` answers a client follows, in all.
+const MAX_MOVES: u8 = 2;
+
+/// A client's state.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub(crate) struct ClientState {
+    /// 0: the `Put`; 1: the `Get`; 2: done.
+    req: u64,
+    attempt: u32,
+    moves: u8,
+    target: usize,
+}
+
+/// The model's actors.
+#[derive(Debug, Clone)]
+pub(crate) enum ModelActor {
+    Replica { index: usize, knobs: Knobs },
+    Client { client: u64, plan: ClientPlan },
+}
+
+/// Their states.
+#[derive(Debug, Clone, PartialEq, Hash)]
+pub(crate) enum ActorState {
+    Replica(Box<ReplicaState>),
+    Client(ClientState),
+}
+
+pub(crate) fn client_id(client: u64) -> Id {
+    Id::from(REPLICAS + usize::try_from(client).expect("small"))
+}
+
+pub(crate) fn put_value(client: u64) -> Vec<u8> {
+    vec![b'a' + u8::try_from(client).expect("small")]
+}
+
+fn client_op(client: u64, req: u64) -> ClientOp {
+    match req {
+        0 => ClientOp::Put {
+            key: KEY.to_vec(),
+            value: put_value(client),
+        },
+        _ => ClientOp::Get { key: KEY.to_vec() },
+    }
+}
+
+/// Applies a batch to the disk image, as the shell's redb transaction would.
+fn apply(disk: &mut Durable, changes: &[Change]) {
+    for change in changes {
+        match change {
+            Change::Promised(b) => disk.promised = Some(b.clone()),
+            Change::Truncate { from } => {
+                let keep = usize::try_from(from - 1 - disk.base.pos.index).expect("small");
+                disk.log.truncate(keep);
+            }
+            Change::Append(entries) => disk.log.extend(entries.iter().cloned()),
+            Change::Tombstone(tombstone) => {
+                disk.log.clear();
+                disk.kv.clear();
+                disk.tombstone = Some(tombstone.clone());
+            }
+            Change::Applied { index, writes } => {
+                for (key, value) in writes {
+                    match value {
+                        Some(value) => disk.kv.insert(key.clone(), value.clone()),
+                        None => disk.kv.remove(key),
+                    };
+                }
+                disk.applied = *index;
+            }
+        }
+    }
+}
+
+/// Persists every batch at once (saving the disk image, then `handle_persisted`), sends every
+/// message and reply, and sets the timers for the new role: all in one step, which is R0.
+fn drain(id: Id, state: &mut ReplicaState, o: &mut Out<ModelActor>) {
+    let now = Duration::ZERO;
+    let mut saved = false;
+    loop {
+        let mut progressed = false;
+        while let Some(persist) = state.replica.poll_persist() {
+            apply(Arc::make_mut(&mut state.disk), &persist.changes);
+            saved = true;
+            state.replica.handle_persisted(now, persist.batch);
+            progressed = true;
+        }
+        while let Some(outgoing) = state.replica.poll_message() {
+            o.send(
+                Id::from(index_of(&outgoing.to.node)),
+                ModelMsg::Replica(Arc::new(outgoing.message)),
+            );
+            progressed = true;
+        }
+        while let Some((tag, reply)) = state.replica.poll_reply() {
+            o.send(client_id(tag.client), ModelMsg::Reply(tag, reply));
+            progressed = true;
+        }
+        if !progressed {
+            break;
+        }
+    }
+    if saved {
+        o.save(Saved {
+            disk: Arc::clone(&state.disk),
+            boots: state.boots,
+        });
+    }
+    let _ = id;
+}
+
+fn set_timers(state: &ReplicaState, knobs: Knobs, o: &mut Out<ModelActor>) {
+    if state.panicked.is_some() {
+        o.cancel_timer(ModelTimer::Heartbeat);
+        o.cancel_timer(ModelTimer::Election);
+        o.cancel_timer(ModelTimer::Restart);
+        return;
+    }
+    if state.replica.leading_ballot().is_some() {
+        if knobs.heartbeat_timer {
+            o.set_timer(ModelTimer::Heartbeat, model_timeout());
+        }
+        o.cancel_timer(ModelTimer::Election);
+    } else {
+        o.set_timer(ModelTimer::Election, model_timeout());
+        o.cancel_timer(ModelTimer::Heartbeat);
+    }
+    if knobs.restart_timer && state.boots < knobs.max_restarts {
+        o.set_timer(ModelTimer::Restart, model_timeout());
+    } else {
+        o.cancel_timer(ModelTimer::Restart);
+    }
+}
+
+/// Runs one input through the replica (catching a failed assertion) and drains it. Always a
+/// step, even when nothing changes: a message that changes nothing is consumed, as delivered
+/// (stateright would otherwise keep it in flight forever, splitting states by whether it was
+/// delivered), and a timer that changes nothing stays set.
+fn step(
+    id: Id,
+    state: &mut Cow<ActorState>,
+    knobs: Knobs,
+    o: &mut Out<ModelActor>,
+    input: impl FnOnce(&mut ShardReplica),
+) {
+    let ActorState::Replica(current) = &**state else {
+        unreachable!("a replica")
+    };
+    let mut next: ReplicaState = (**current).clone();
+    if current.panicked.is_none() {
+        let result = guarded(|| {
+            input(&mut next.replica);
+            let mut out = Out::new();
+            drain(id, &mut next, &mut out);
+            out
+        });
+        match result {
+            Ok(mut out) => {
+                if !out.is_empty() || next.replica != current.replica {
+                    next.canon = canon(&next);
+                }
+                o.append(&mut out);
+            }
+            Err(message) => {
+                // Keep the state before the failed handler, frozen, for the properties.
+                next = (**current).clone();
+                next.panicked = Some(message);
+                next.canon = canon(&next);
+            }
+        }
+    }
+    set_timers(&next, knobs, o);
+    *state.to_mut() = ActorState::Replica(Box::new(next));
+}
+
+/// A replica restarted from `saved`: only the disk survives.
+fn recover(index: usize, knobs: Knobs, saved: &Saved) -> ReplicaState {
+    let mut replica = ShardReplica::new(
+        Duration::ZERO,
+        SHARD,
+        member(index),
+        Durable::clone(&saved.disk),
+        replica_config(knobs),
+        index as u64,
+    );
+    replica.set_mutations(knobs.mutations);
+    ReplicaState::new(replica, Arc::clone(&saved.disk), saved.boots + 1)
+}
+
+/// The replicas after the first election: `n0` has won ballot `1.n0`, its `EpochStart` is
+/// committed and every message was delivered. Driven through the real code.
+fn elected(knobs: Knobs) -> Vec<ReplicaState> {
+    let mut states: Vec<ReplicaState> = (0..REPLICAS)
+        .map(|i| {
+            let durable = Durable::bootstrap(shard_config());
+            let mut replica = ShardReplica::new(
+                Duration::ZERO,
+                SHARD,
+                member(i),
+                durable.clone(),
+                replica_config(knobs),
+                i as u64,
+            );
+            replica.set_mutations(knobs.mutations);
+            ReplicaState::new(replica, Arc::new(durable), 0)
+        })
+        .collect();
+    let mut queue = std::collections::VecDeque::new();
+    let run = |states: &mut Vec<ReplicaState>,
+               i: usize,
+               queue: &mut std::collections::VecDeque<(usize, Id, ModelMsg)>,
+               input: &dyn Fn(&mut ShardReplica)| {
+        input(&mut states[i].replica);
+        let mut out = Out::new();
+        drain(Id::from(i), &mut states[i], &mut out);
+        for command in out {
+            if let stateright::actor::Command::Send(to, msg) = command {
+                queue.push_back((i, to, msg));
+            }
+        }
+    };
+    run(&mut states, 0, &mut queue, &|r| {
+        r.handle_timeout(Duration::ZERO, Timer::Election);
+    });
+    while let Some((from, to, msg)) = queue.pop_front() {
+        let ModelMsg::Replica(message) = msg else {
+            unreachable!("no clients yet")
+        };
+        let to = usize::from(to);
+        let now = now_for(&message);
+        run(&mut states, to, &mut queue, &|r| {
+            r.handle_message(now, member(from), member(to), Message::clone(&message));
+        });
+    }
+    assert!(
+        states[0].replica.established_ballot().is_some(),
+        "n0 leads after the first election"
+    );
+    for state in &mut states {
+        state.canon = canon(state);
+    }
+    states
+}
+
+fn now_for(message: &Message) -> Duration {
+    match message {
+        Message::Prepare { .. } => T_ELECT,
+        _ => Duration::ZERO,
+    }
+}
+
+impl Actor for ModelActor {
+    type Msg = ModelMsg;
+    type State = ActorState;
+    type Timer = ModelTimer;
+    type Storage = Saved;
+    type Random = ();
+
+    fn on_start(&self, id: Id, storage: &Option<Saved>, o: &mut Out<Self>) -> ActorState {
+        match self {
+            ModelActor::Replica { index, knobs } => {
+                let state = match storage {
+                    // stateright's `Recover` after a `Crash`.
+                    Some(saved) => recover(*index, *knobs, saved),
+                    None => elected(*knobs).swap_remove(*index),
+                };
+                o.save(Saved {
+                    disk: Arc::clone(&state.disk),
+                    boots: state.boots,
+                });
+                set_timers(&state, *knobs, o);
+                let _ = id;
+                ActorState::Replica(Box::new(state))
+            }
+            ModelActor::Client { client, plan } => {
+                let tag = RequestTag {
+                    client: *client,
+                    req: 0,
+                    attempt: 0,
+                };
+                o.send(
+                    Id::from(plan.put_to),
+                    ModelMsg::Request(tag, client_op(*client, 0)),
+                );
+                ActorState::Client(ClientState {
+                    req: 0,
+                    attempt: 0,
+                    moves: 0,
+                    target: plan.put_to,
+                })
+            }
+        }
+    }
+
+    fn on_msg(
+        &self,
+        id: Id,
+        state: &mut Cow<ActorState>,
+        src: Id,
+        msg: ModelMsg,
+        o: &mut Out<Self>,
+    ) {
+        match self {
+            ModelActor::Replica { index, knobs } => {
+                let knobs = *knobs;
+                let from = usize::from(src);
+                match msg {
+                    ModelMsg::Replica(message) => {
+                        let now = now_for(&message);
+                        step(id, state, knobs, o, |replica| {
+                            let message = Arc::unwrap_or_clone(message);
+                            replica.handle_message(now, member(from), member(*index), message);
+                        });
+                    }
+                    ModelMsg::Request(tag, op) => {
+                        step(id, state, knobs, o, |replica| {
+                            replica.handle_client(Duration::ZERO, tag, op);
+                        });
+                    }
+                    ModelMsg::Reply(..) => {}
+                }
+            }
+            ModelActor::Client { client, plan } => {
+                let ModelMsg::Reply(tag, reply) = msg else {
+                    return;
+                };
+                let ActorState::Client(current) = &**state else {
+                    unreachable!("a client")
+                };
+                if tag.req != current.req || tag.attempt != current.attempt {
+                    // Not the attempt it waits for: consumed, ignored.
+                    *state.to_mut() = ActorState::Client(current.clone());
+                    return;
+                }
+                let mut next = current.clone();
+                match reply {
+                    ClientReply::Moved {
+                        leader: Some(leader),
+                        ..
+                    } if next.moves < MAX_MOVES => {
+                        next.moves += 1;
+                        next.attempt += 1;
+                        next.target = index_of(&leader);
+                    }
+                    // Ok, or an answer it does not retry: on to the next request.
+                    _ => {
+                        next.req += 1;
+                        next.attempt = 0;
+                        next.target = plan.get_to;
+                    }
+                }
+                if next.req <= 1 {
+                    let tag = RequestTag {
+                        client: *client,
+                        req: next.req,
+                        attempt: next.attempt,
+                    };
+                    o.send(
+                        Id::from(next.target),
+                        ModelMsg::Request(tag, client_op(*client, next.req)),
+                    );
+                }
+                *state.to_mut() = ActorState::Client(next);
+            }
+        }
+    }
+
+    fn on_timeout(
+        &self,
+        id: Id,
+        state: &mut Cow<ActorState>,
+        timer: &ModelTimer,
+        o: &mut Out<Self>,
+    ) {
+        let ModelActor::Replica { index, knobs } = self else {
+            return;
+        };
+        let timer = match timer {
+            ModelTimer::Election => Timer::Election,
+            ModelTimer::Heartbeat => Timer::Heartbeat,
+            ModelTimer::Restart => {
+                let ActorState::Replica(current) = &**state else {
+                    unreachable!("a replica")
+                };
+                let saved = Saved {
+                    disk: Arc::clone(&current.disk),
+                    boots: current.boots,
+                };
+                let next = recover(*index, *knobs, &saved);
+                o.save(Saved {
+                    disk: Arc::clone(&next.disk),
+                    boots: next.boots,
+                });
+                o.cancel_timer(ModelTimer::Heartbeat);
+                set_timers(&next, *knobs, o);
+                *state.to_mut() = ActorState::Replica(Box::new(next));
+                return;
+            }
+        };
+        step(id, state, *knobs, o, |replica| {
+            replica.handle_timeout(Duration::ZERO, timer);
+        });
+    }
+
+    fn name(&self) -> String {
+        match self {
+            ModelActor::Replica { index, .. } => format!("n{index}"),
+            ModelActor::Client { client, .. } => format!("c{client}"),
+        }
+    }
+}
+
+#[test]
+fn mask_fields_drops_only_the_named_top_level_fields() {
+    let text = r#"S { a: 1, rng: 5, b: X { rng: 2, c: [1, 2] }, d: "x, rng: 3", next_batch: 9 }"#;
+    assert_eq!(
+        mask_fields(text, &["rng", "next_batch"]),
+        "a: 1\nb: X { rng: 2, c: [1, 2] }\nd: \"x, rng: 3\"\n"
+    );
+}

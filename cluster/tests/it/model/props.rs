@@ -1,0 +1,366 @@
+//! The history the clients record, the properties, and the bounds.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
+
+use cluster::replica::{
+    Ballot, ClientOp, ClientReply, Durable, Entry, Message, Op, Pos, RequestTag, ShardReplica,
+};
+use stateright::actor::{ActorModel, ActorModelState, Envelope};
+use stateright::semantics::register::{Register, RegisterOp, RegisterRet};
+use stateright::semantics::{ConsistencyTester, LinearizabilityTester};
+
+use super::actor::{ActorState, Knobs, ModelActor, ModelMsg, REPLICAS, ReplicaState};
+
+pub(crate) type Model = ActorModel<ModelActor, Knobs, History>;
+pub(crate) type State = ActorModelState<ModelActor, History>;
+
+/// What the clients saw (shared: every state clones it).
+#[derive(Clone, Debug, Hash, PartialEq)]
+pub(crate) struct History(Arc<Record>);
+
+#[derive(Clone, Debug, Hash, PartialEq)]
+pub(crate) struct Record {
+    /// One thread per request (`2·client + req`): real-time order comes from the returns
+    /// before each invocation.
+    pub(crate) tester: LinearizabilityTester<u64, Register<Option<Vec<u8>>>>,
+    /// `Put` attempts answered `Ok`.
+    pub(crate) acked: BTreeSet<RequestTag>,
+    /// Attempts answered `Moved` or `Unavailable` (definite: never appended).
+    pub(crate) refused: BTreeSet<RequestTag>,
+    /// `Get`s answered `Ok`.
+    pub(crate) reads: u8,
+}
+
+impl std::ops::Deref for History {
+    type Target = Record;
+    fn deref(&self) -> &Record {
+        &self.0
+    }
+}
+
+impl History {
+    pub(crate) fn new() -> Self {
+        History(Arc::new(Record {
+            tester: LinearizabilityTester::new(Register(None)),
+            acked: BTreeSet::new(),
+            refused: BTreeSet::new(),
+            reads: 0,
+        }))
+    }
+}
+
+fn thread(tag: &RequestTag) -> u64 {
+    2 * tag.client + tag.req
+}
+
+/// A client sends an attempt: the first attempt of a request invokes it.
+pub(crate) fn record_out(
+    _: &Knobs,
+    history: &History,
+    envelope: Envelope<&ModelMsg>,
+) -> Option<History> {
+    let ModelMsg::Request(tag, op) = envelope.msg else {
+        return None;
+    };
+    if tag.attempt != 0 {
+        return None;
+    }
+    let op = match op {
+        ClientOp::Put { value, .. } => RegisterOp::Write(Some(value.clone())),
+        ClientOp::Get { .. } => RegisterOp::Read,
+        ClientOp::Del { .. } => RegisterOp::Write(None),
+    };
+    let mut history = history.clone();
+    // An error marks the history invalid, which fails linearizability.
+    let _ = Arc::make_mut(&mut history.0)
+        .tester
+        .on_invoke(thread(tag), op);
+    Some(history)
+}
+
+/// A client receives the answer to the attempt it waits for.
+pub(crate) fn record_in(
+    _: &Knobs,
+    history: &History,
+    envelope: Envelope<&ModelMsg>,
+) -> Option<History> {
+    let ModelMsg::Reply(tag, reply) = envelope.msg else {
+        return None;
+    };
+    let mut history = history.clone();
+    let record = Arc::make_mut(&mut history.0);
+    match reply {
+        ClientReply::Ok { value } => {
+            if tag.req == 0 {
+                let _ = record.tester.on_return(thread(tag), RegisterRet::WriteOk);
+                record.acked.insert(*tag);
+            } else {
+                let _ = record
+                    .tester
+                    .on_return(thread(tag), RegisterRet::ReadOk(value.clone()));
+                record.reads += 1;
+            }
+        }
+        ClientReply::Moved { .. } | ClientReply::Unavailable => {
+            record.refused.insert(*tag);
+        }
+        ClientReply::Indeterminate => return None,
+    }
+    Some(history)
+}
+
+// ---- views of a state ----
+
+fn replica(state: &State, i: usize) -> &ReplicaState {
+    match &*state.actor_states[i] {
+        ActorState::Replica(replica) => replica,
+        ActorState::Client(_) => unreachable!("replicas come first"),
+    }
+}
+
+/// The replicas that run (not crashed).
+fn live(state: &State) -> impl Iterator<Item = &ShardReplica> {
+    (0..REPLICAS)
+        .filter(|&i| !state.crashed[i])
+        .map(|i| &replica(state, i).replica)
+}
+
+/// What each replica holds: its in-memory durable state if it runs, else its disk.
+fn current(state: &State) -> impl Iterator<Item = &Durable> {
+    (0..REPLICAS).map(|i| {
+        if state.crashed[i] {
+            &*replica(state, i).disk
+        } else {
+            replica(state, i).replica.durable()
+        }
+    })
+}
+
+fn disks(state: &State) -> impl Iterator<Item = &Durable> {
+    (0..REPLICAS).map(|i| &*replica(state, i).disk)
+}
+
+/// Every log: in memory (of running replicas) and on disk.
+fn logs(state: &State) -> Vec<&[Entry]> {
+    live(state)
+        .map(|r| r.durable().log.as_slice())
+        .chain(disks(state).map(|d| d.log.as_slice()))
+        .collect()
+}
+
+/// Entries in flight: in `Append`s and in promises' suffixes.
+fn in_flight(state: &State) -> Vec<&Entry> {
+    let mut entries = Vec::new();
+    for envelope in state.network.iter_deliverable() {
+        if let ModelMsg::Replica(message) = envelope.msg {
+            match &**message {
+                Message::Append { entries: e, .. } => entries.extend(e),
+                Message::Promise {
+                    suffix: Some(e), ..
+                } => entries.extend(e),
+                _ => {}
+            }
+        }
+    }
+    entries
+}
+
+fn at(log: &[Entry], index: u64) -> Option<&Entry> {
+    let entry = log.get(usize::try_from(index.checked_sub(1)?).ok()?)?;
+    assert_eq!(entry.index, index, "the model never compacts a log");
+    Some(entry)
+}
+
+// ---- Always ----
+
+/// I1: no two running replicas lead one ballot; no `Pos` holds two different entries anywhere
+/// (logs, disks, messages in flight); each ballot's `EpochStart` sits at one index. A ballot
+/// opened twice (a promise forgotten in a crash) shows as one of the last two.
+pub(crate) fn one_leader_per_ballot(_: &Model, state: &State) -> bool {
+    let mut leading = BTreeSet::new();
+    for replica in live(state) {
+        if let Some(b) = replica.leading_ballot()
+            && !leading.insert(b.clone())
+        {
+            return false;
+        }
+    }
+    let mut at_pos: BTreeMap<Pos, &Entry> = BTreeMap::new();
+    let mut epochs: BTreeMap<&Ballot, u64> = BTreeMap::new();
+    let all = logs(state).into_iter().flatten().chain(in_flight(state));
+    for entry in all {
+        if *at_pos.entry(entry.pos()).or_insert(entry) != entry {
+            return false;
+        }
+        if entry.op == Op::EpochStart
+            && *epochs.entry(&entry.ballot).or_insert(entry.index) != entry.index
+        {
+            return false;
+        }
+    }
+    true
+}
+
+/// I2: two logs holding an entry at the same `Pos` hold the same entries up to it.
+pub(crate) fn log_matching(_: &Model, state: &State) -> bool {
+    let logs = logs(state);
+    for (k, a) in logs.iter().enumerate() {
+        for b in &logs[k + 1..] {
+            let shared = a
+                .iter()
+                .zip(b.iter())
+                .rposition(|(x, y)| x.pos() == y.pos());
+            if let Some(last) = shared
+                && a[..=last] != b[..=last]
+            {
+                return false;
+            }
+        }
+    }
+    true
+}
+
+/// Committed (or applied) prefixes never disagree: each running replica up to its `commit`,
+/// each disk up to its `applied`.
+pub(crate) fn committed_prefixes_agree(_: &Model, state: &State) -> bool {
+    let mut prefixes: Vec<&[Entry]> = Vec::new();
+    for i in 0..REPLICAS {
+        let r = replica(state, i);
+        let disk = &*r.disk;
+        let upto = usize::try_from(disk.applied).expect("small");
+        prefixes.push(&disk.log[..upto.min(disk.log.len())]);
+        if !state.crashed[i] {
+            let log = &r.replica.durable().log;
+            let upto = usize::try_from(r.replica.commit()).expect("small");
+            prefixes.push(&log[..upto.min(log.len())]);
+        }
+    }
+    for (k, a) in prefixes.iter().enumerate() {
+        for b in &prefixes[k + 1..] {
+            let n = a.len().min(b.len());
+            if a[..n] != b[..n] {
+                return false;
+            }
+        }
+    }
+    true
+}
+
+/// Where the write of attempt `tag` sits: the first log (memory or disk) holding it.
+fn find(state: &State, tag: &RequestTag) -> Option<Entry> {
+    logs(state)
+        .into_iter()
+        .flatten()
+        .find(|e| e.tag.as_ref() == Some(tag))
+        .cloned()
+}
+
+/// I3, I4: every acknowledged `Put` is on a majority of disks at one `Pos`, in the log of every
+/// established leader of a higher ballot, and in every state applied past it.
+pub(crate) fn acked_writes_survive(_: &Model, state: &State) -> bool {
+    for tag in &state.history.acked {
+        let Some(write) = find(state, tag) else {
+            return false;
+        };
+        let holds = |log: &[Entry]| at(log, write.index) == Some(&write);
+        if logs(state)
+            .into_iter()
+            .flatten()
+            .any(|e| e.tag.as_ref() == Some(tag) && *e != write)
+        {
+            return false;
+        }
+        let on_disk = disks(state).filter(|d| holds(&d.log)).count();
+        if on_disk < REPLICAS / 2 + 1 {
+            return false;
+        }
+        for replica in live(state) {
+            if let Some(b) = replica.established_ballot()
+                && *b > write.ballot
+                && !holds(&replica.durable().log)
+            {
+                return false;
+            }
+        }
+        for durable in current(state).chain(disks(state)) {
+            if durable.applied >= write.index && !holds(&durable.log) {
+                return false;
+            }
+        }
+    }
+    true
+}
+
+/// I8 and R10: an attempt answered `Moved` or `Unavailable` is in no log and no message.
+pub(crate) fn refused_never_appended(_: &Model, state: &State) -> bool {
+    if state.history.refused.is_empty() {
+        return true;
+    }
+    let all = logs(state).into_iter().flatten().chain(in_flight(state));
+    for entry in all {
+        if let Some(tag) = &entry.tag
+            && state.history.refused.contains(tag)
+        {
+            return false;
+        }
+    }
+    true
+}
+
+/// I7: the clients' history of the one key is linearizable.
+pub(crate) fn linearizable(_: &Model, state: &State) -> bool {
+    state.history.tester.serialized_history().is_some()
+}
+
+/// No assertion of the core failed (e.g. R4's "a committed entry would be truncated").
+pub(crate) fn no_failed_assertion(_: &Model, state: &State) -> bool {
+    (0..REPLICAS).all(|i| replica(state, i).panicked.is_none())
+}
+
+// ---- Sometimes ----
+
+pub(crate) fn write_acked_at_n2(_: &Model, state: &State) -> bool {
+    state
+        .history
+        .acked
+        .iter()
+        .any(|tag| find(state, tag).is_some_and(|e| e.ballot.n >= 2))
+}
+
+pub(crate) fn read_served(_: &Model, state: &State) -> bool {
+    state.history.reads > 0
+}
+
+// ---- bounds ----
+
+/// Ballots `n ≤ max_n`, logs `≤ max_log` entries, heartbeat rounds `≤ max_hb`, restarts
+/// `≤ max_restarts` in all; clients never crash (only replicas do).
+pub(crate) fn within_boundary(knobs: &Knobs, state: &State) -> bool {
+    if state.crashed[REPLICAS..].iter().any(|&c| c) {
+        return false;
+    }
+    if (0..REPLICAS).map(|i| replica(state, i).boots).sum::<u8>() > knobs.max_restarts {
+        return false;
+    }
+    for i in 0..REPLICAS {
+        let r = replica(state, i);
+        for durable in [r.replica.durable(), &*r.disk] {
+            if durable.promised.as_ref().is_some_and(|b| b.n > knobs.max_n)
+                || durable.log.len() > knobs.max_log
+            {
+                return false;
+            }
+        }
+    }
+    state
+        .network
+        .iter_deliverable()
+        .all(|envelope| match envelope.msg {
+            ModelMsg::Replica(message) => match &**message {
+                Message::Append { hb_seq, .. } => *hb_seq <= knobs.max_hb,
+                _ => true,
+            },
+            _ => true,
+        })
+}
