@@ -1051,11 +1051,14 @@ impl ShardReplica {
         for entry in entries {
             match self.durable.entry(entry.index) {
                 Some(mine) if mine.ballot == entry.ballot => {}
+                Some(_) if entry.index <= self.commit => {
+                    // R4 forbids this: an established leader never contradicts a committed
+                    // entry. Peer bytes must not panic the node, so the whole message is
+                    // dropped unacknowledged and the log stays as it is.
+                    tracing::debug!(index = entry.index, "append contradicts a committed entry");
+                    return;
+                }
                 Some(_) => {
-                    assert!(
-                        entry.index > self.commit,
-                        "R4: a committed entry would be truncated"
-                    );
                     self.truncate_after(entry.index - 1);
                     missing.push(entry.clone());
                 }

@@ -379,3 +379,56 @@ fn a_new_target_is_reached_one_voter_at_a_time_with_a_handoff_and_a_tombstone() 
         );
     }
 }
+
+#[test]
+fn an_append_contradicting_a_committed_entry_is_dropped_not_a_panic() {
+    let mut group = Group::new(3, 2);
+    group.run(Duration::from_secs(1));
+    let leader = group.leader().unwrap();
+    group.client(
+        leader,
+        tag(1),
+        ClientOp::Put {
+            key: b"k".to_vec(),
+            value: b"v".to_vec(),
+        },
+    );
+    group.run(Duration::from_millis(50));
+    let follower = (leader + 1) % 3;
+    let replica = group.replicas[follower].as_mut().unwrap();
+    let committed = replica.commit();
+    let before = replica.durable().log.clone();
+    // A forged leader at a higher ballot rewrites index 1 with another ballot.
+    let forged = cluster::replica::Ballot {
+        n: 99,
+        node: name((leader + 2) % 3),
+    };
+    let entry = cluster::replica::Entry {
+        ballot: forged.clone(),
+        index: 1,
+        op: cluster::replica::Op::Put {
+            key: b"k".to_vec(),
+            value: b"forged".to_vec(),
+        },
+        tag: None,
+    };
+    let message = cluster::replica::Message::Append {
+        b: forged,
+        prev: cluster::replica::Pos::ORIGIN,
+        entries: vec![entry],
+        commit: 1,
+        hb_seq: 1,
+    };
+    replica.handle_message(
+        group.now,
+        member((leader + 2) % 3),
+        member(follower),
+        message,
+    );
+    assert!(committed >= 1);
+    assert_eq!(
+        replica.durable().log,
+        before,
+        "the committed log is untouched"
+    );
+}
