@@ -270,6 +270,8 @@ pub struct Leader {
     held: Vec<(RequestTag, Op)>,
     /// Members a committed config dropped, told `Removed` until they acknowledge (R8).
     removing: BTreeMap<NodeId, (Member, Pos, Config)>,
+    /// The promises counted to open `b` (R2.3), kept to be inspected.
+    promisers: Vec<Member>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
@@ -326,6 +328,14 @@ pub struct Mutations {
     pub commit_old_ballot_entries: bool,
     /// Serve reads without a heartbeat round.
     pub read_without_round: bool,
+    /// Answer appended writes `Moved` (not `Indeterminate`) when leadership is lost.
+    pub moved_for_appended: bool,
+    /// Open a ballot with a majority of the placement target instead of `active(L*)`.
+    pub open_with_target_majority: bool,
+    /// Tell members apart by `NodeId` only, ignoring their `StorageId`.
+    pub ignore_storage_id: bool,
+    /// Change the config before the leader's `EpochStart` commits (the 2015 bug).
+    pub config_before_epoch_start: bool,
 }
 
 /// One replica of one shard.
@@ -460,6 +470,22 @@ impl ShardReplica {
         match &self.role {
             Role::Leader(leader) if leader.established => Some(&leader.b),
             _ => None,
+        }
+    }
+
+    /// The ballot this replica stands for, as a candidate.
+    pub fn candidate_ballot(&self) -> Option<&Ballot> {
+        match &self.role {
+            Role::Candidate(candidate) => Some(&candidate.b),
+            _ => None,
+        }
+    }
+
+    /// As a leader, the members whose promises opened its ballot (R2.3); else empty.
+    pub fn promisers(&self) -> &[Member] {
+        match &self.role {
+            Role::Leader(leader) => &leader.promisers,
+            _ => &[],
         }
     }
 
@@ -600,7 +626,7 @@ impl ShardReplica {
 
     /// A message from replica `from`, addressed to `to`.
     pub fn handle_message(&mut self, now: Duration, from: Member, to: Member, message: Message) {
-        if to != self.me {
+        if !self.same_member(&to, &self.me) {
             if let Message::Prepare { b, .. } = message {
                 self.send(
                     from,
@@ -883,21 +909,44 @@ impl ShardReplica {
             return;
         };
         let owner = owner.clone();
-        let config = best.config.clone();
-        if !config.is_voter(&self.me) {
+        let mut config = best.config.clone();
+        if self.mutations.open_with_target_majority
+            && let Some(target) = &self.target
+        {
+            config = Config {
+                voters: target.clone(),
+                learners: Vec::new(),
+            };
+        }
+        if !self.is_voter_of(&config, &self.me) {
             self.abandon(now);
             return;
         }
-        let counted = candidate
+        let counted: Vec<Member> = candidate
             .promises
             .values()
-            .filter(|promise| config.is_voter(&promise.member))
-            .count();
-        if counted < config.majority() {
+            .filter(|promise| self.is_voter_of(&config, &promise.member))
+            .map(|promise| promise.member.clone())
+            .collect();
+        if counted.len() < config.majority() {
             self.ask_unasked_voters(&config);
             return;
         }
-        self.adopt(now, &owner);
+        self.adopt(now, &owner, counted);
+    }
+
+    /// Whether `a` and `b` are the same member: node and storage (I5).
+    fn same_member(&self, a: &Member, b: &Member) -> bool {
+        if self.mutations.ignore_storage_id {
+            a.node == b.node
+        } else {
+            a == b
+        }
+    }
+
+    /// Whether `member` is a voter of `config` (node and storage, I5).
+    fn is_voter_of(&self, config: &Config, member: &Member) -> bool {
+        config.voters.iter().any(|v| self.same_member(v, member))
     }
 
     /// R2.3: sends the candidate's `Prepare` to the voters of `config` not asked yet.
@@ -922,7 +971,7 @@ impl ShardReplica {
         }
     }
 
-    fn adopt(&mut self, now: Duration, owner: &NodeId) {
+    fn adopt(&mut self, now: Duration, owner: &NodeId, promisers: Vec<Member>) {
         let Role::Candidate(candidate) = std::mem::replace(&mut self.role, Role::Follower) else {
             return;
         };
@@ -964,6 +1013,7 @@ impl ShardReplica {
             transfer: None,
             held: Vec::new(),
             removing: BTreeMap::new(),
+            promisers,
         };
         for voter in voters.iter().filter(|v| v.node != self.me.node) {
             leader
@@ -974,6 +1024,9 @@ impl ShardReplica {
         self.role = Role::Leader(Box::new(leader));
         self.leader_hint = Some(self.me.node.clone());
         self.election_at = None;
+        if self.mutations.config_before_epoch_start {
+            self.reconfigure(now);
+        }
         self.heartbeat(now);
     }
 
@@ -1083,6 +1136,17 @@ impl ShardReplica {
         };
         if leader.b != b {
             return;
+        }
+        let config = active(&self.durable, self.config_at);
+        let member = |m: &Member| {
+            if self.mutations.ignore_storage_id {
+                m.node == from.node
+            } else {
+                *m == from
+            }
+        };
+        if !config.voters.iter().chain(&config.learners).any(member) {
+            return; // Not a member (I5): a wiped node, or one removed.
         }
         let node = from.node.clone();
         let known = leader.matched.entry(node.clone()).or_insert(0);
@@ -1294,7 +1358,8 @@ impl ShardReplica {
         let Role::Leader(leader) = &self.role else {
             return;
         };
-        if !leader.established || leader.transfer.is_some() {
+        let early = self.mutations.config_before_epoch_start;
+        if !(leader.established || early) || leader.transfer.is_some() {
             return;
         }
         let pending = self
@@ -1572,7 +1637,15 @@ impl ShardReplica {
             Role::Leader(leader) => {
                 let leader = *leader;
                 for (_, tag) in leader.writes {
-                    self.replies.push_back((tag, ClientReply::Indeterminate));
+                    let reply = if self.mutations.moved_for_appended {
+                        ClientReply::Moved {
+                            b: self.durable.promised.clone(),
+                            leader: None,
+                        }
+                    } else {
+                        ClientReply::Indeterminate
+                    };
+                    self.replies.push_back((tag, reply));
                 }
                 // R7 (4): held writes were never appended; the target leads now.
                 let moved_to = leader.transfer.as_ref().map(|t| t.to.node.clone());
