@@ -336,6 +336,10 @@ pub struct Mutations {
     pub ignore_storage_id: bool,
     /// Change the config before the leader's `EpochStart` commits (the 2015 bug).
     pub config_before_epoch_start: bool,
+    /// Release every message at once, without waiting for the batch it relies on.
+    pub send_before_persist: bool,
+    /// Promise a ballot with the same `n` as the one promised, from another proposer.
+    pub accept_equal_n: bool,
 }
 
 /// One replica of one shard.
@@ -715,7 +719,8 @@ impl ShardReplica {
             return;
         }
         if let Some(promised) = &self.durable.promised
-            && b <= *promised
+            && (b <= *promised && !self.mutations.accept_equal_n
+                || self.mutations.accept_equal_n && (b.n < promised.n || b == *promised))
         {
             let reason = RejectReason::Higher(promised.clone());
             self.send(from, Message::Reject { b, reason }, false);
@@ -1736,11 +1741,16 @@ impl ShardReplica {
         } else {
             Some(BatchId(self.next_batch))
         };
+        let wait = !self.mutations.send_before_persist;
         for (to, message, needs_durable) in self.pending_out.drain(..) {
             self.outbox.push_back(Outgoing {
                 to,
                 message,
-                after: if needs_durable { wait_for } else { None },
+                after: if needs_durable && wait {
+                    wait_for
+                } else {
+                    None
+                },
             });
         }
     }

@@ -9,15 +9,13 @@ use std::sync::{Arc, Once};
 use std::time::Duration;
 
 use cluster::replica::{
-    Change, ClientOp, ClientReply, Config, Durable, Member, Message, Mutations, ReplicaConfig,
-    RequestTag, ShardReplica, StorageId, Timer,
+    Ballot, BatchId, Change, ClientOp, ClientReply, Config, Durable, Entry, Member, Message,
+    Mutations, Op, Outgoing, Persist, ReplicaConfig, RequestTag, ShardReplica, StorageId, Timer,
 };
 use stateright::actor::{Actor, Id, Out, model_timeout};
 
 use crate::net::name;
 
-/// Replicas are actors `0..REPLICAS`; clients follow.
-pub(crate) const REPLICAS: usize = 3;
 /// The one key the clients use.
 pub(crate) const KEY: &[u8] = b"k";
 const SHARD: u16 = 7;
@@ -27,29 +25,92 @@ const SHARD: u16 = 7;
 /// modeled; safety must hold whatever the clocks say.
 const T_ELECT: Duration = Duration::from_secs(1);
 
-pub(crate) fn member(index: usize) -> Member {
+/// Replica `index` as created (`wipes = 0`), or after its `wipes`-th wipe: a new `StorageId`.
+pub(crate) fn member_of(index: usize, wipes: u8) -> Member {
     Member {
         node: name(index),
-        storage: StorageId(100 + index as u128),
+        storage: StorageId(100 + index as u128 + 10 * u128::from(wipes)),
     }
 }
 
+/// Replica `index` as created.
+pub(crate) fn member(index: usize) -> Member {
+    member_of(index, 0)
+}
+
+/// The replica on `node` (names are `n<index>`).
 pub(crate) fn index_of(node: &topology::NodeId) -> usize {
-    (0..REPLICAS)
-        .find(|&i| name(i) == *node)
+    node.as_str()
+        .strip_prefix('n')
+        .and_then(|i| i.parse().ok())
         .expect("a replica of the model")
 }
 
-fn shard_config() -> Config {
-    Config {
-        voters: (0..REPLICAS).map(member).collect(),
-        learners: Vec::new(),
+/// The models of PROTOCOL.md §3: who the replicas are, how they start, and which placement
+/// targets the environment hands out.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub(crate) enum Scenario {
+    /// M1 failover: 3 voters, `n0` established at `1.n0`.
+    M1,
+    /// M2 reconfiguration: M1 plus a spare `n3`; `n0` and `n1` (only) get the target
+    /// `[n1, n2, n3]`: learner `n3`, promote it, hand off to `n1`, remove `n0`.
+    M2,
+    /// M3 handoff and reads: M1 where `n0` and `n1` get the target `[n1, n0, n2]`, so `n0`
+    /// hands off to `n1` (R7).
+    M3,
+    /// M4 amnesia and removal: M1 where `n0` gets the target `[n0, n1]` (so `n2` is removed
+    /// and tombstoned) and a replica may be wiped: it restarts with a new `StorageId` and an
+    /// empty log, bootstrapped with the first config (what a careless shell would do).
+    M4,
+    /// Raft's single-server change bug (Ongaro, raft-dev 2015), hand-built: voters
+    /// `n0..n3` committed `EpochStart(1.n0)`; `n0` then appended `Config(n0..n4)` that only
+    /// `n0` and `n4` hold, and stepped down. `n1` gets the target `[n1, n2, n3]`.
+    Config2015,
+}
+
+impl Scenario {
+    /// How many replicas (actors `0..replicas`; clients follow, then the environment).
+    pub(crate) fn replicas(self) -> usize {
+        match self {
+            Scenario::M1 | Scenario::M3 | Scenario::M4 => 3,
+            Scenario::M2 => 4,
+            Scenario::Config2015 => 5,
+        }
+    }
+
+    /// The first config's voters: replicas `0..voters`.
+    pub(crate) fn voters(self) -> usize {
+        match self {
+            Scenario::Config2015 => 4,
+            _ => 3,
+        }
+    }
+
+    /// The placement targets the environment sends: `(replica, target)`.
+    pub(crate) fn targets(self) -> &'static [(usize, &'static [usize])] {
+        match self {
+            Scenario::M1 => &[],
+            Scenario::M2 => &[(0, &[1, 2, 3]), (1, &[1, 2, 3])],
+            Scenario::M3 => &[(0, &[1, 0, 2]), (1, &[1, 0, 2])],
+            Scenario::M4 => &[(0, &[0, 1])],
+            Scenario::Config2015 => &[(1, &[1, 2, 3])],
+        }
+    }
+
+    /// The first config.
+    pub(crate) fn first_config(self) -> Config {
+        Config {
+            voters: (0..self.voters()).map(member).collect(),
+            learners: Vec::new(),
+        }
     }
 }
 
 /// Knobs of one model run.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub(crate) struct Knobs {
+    /// The model.
+    pub(crate) scenario: Scenario,
     /// The switches the replicas run with.
     pub(crate) mutations: Mutations,
     /// Entries per `Append` (1 makes a follower acknowledge old entries apart from the
@@ -63,11 +124,20 @@ pub(crate) struct Knobs {
     pub(crate) max_hb: u64,
     /// Bound: crash-restarts, in all (the `Restart` timer, and stateright's `Recover`).
     pub(crate) max_restarts: u8,
+    /// Bound: wipes, in all (the `Wipe` timer).
+    pub(crate) max_wipes: u8,
+    /// Bound: `Config` entries in any log.
+    pub(crate) max_configs: usize,
     /// Whether a leader's `Heartbeat` timer fires by itself (a read asks for its own round
     /// either way).
     pub(crate) heartbeat_timer: bool,
     /// Whether crashes are the `Restart` timer (else stateright's `Crash` and `Recover`).
     pub(crate) restart_timer: bool,
+    /// Whether an fsync is a step of its own (the `Fsync` timer) instead of part of the
+    /// handler's step: messages that wait for no batch leave at once, the others when their
+    /// batch is durable, and a crash in between loses the batch. This is how the model sees a
+    /// core that sends before it saves.
+    pub(crate) deferred_fsync: bool,
 }
 
 /// The model's timers: the replica's two, and a crash-restart.
@@ -79,13 +149,19 @@ pub(crate) enum ModelTimer {
     Heartbeat,
     /// The replica crashes and restarts from its disk at once (see `model.rs`).
     Restart,
+    /// The replica loses its disk and restarts as a new member (M4).
+    Wipe,
+    /// The replica's unsynced batches become durable (`Knobs::deferred_fsync`).
+    Fsync,
 }
 
-/// What a replica keeps across a crash: its disk image, and how often it restarted.
+/// What a replica keeps across a crash: its disk image, and how often it restarted or was
+/// wiped.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub(crate) struct Saved {
     pub(crate) disk: Arc<Durable>,
     pub(crate) boots: u8,
+    pub(crate) wipes: u8,
 }
 
 fn replica_config(knobs: Knobs) -> ReplicaConfig {
@@ -103,8 +179,10 @@ fn replica_config(knobs: Knobs) -> ReplicaConfig {
 /// Messages: between replicas, and client attempts and their answers.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub(crate) enum ModelMsg {
-    /// Replica to replica (shared: states clone the network).
-    Replica(Arc<Message>),
+    /// Replica to replica, from and to a member (shared: states clone the network).
+    Replica(Arc<(Member, Member, Message)>),
+    /// The environment's placement target for a replica.
+    Target(Vec<Member>),
     /// Client to replica.
     Request(RequestTag, ClientOp),
     /// Replica to client.
@@ -143,19 +221,31 @@ pub(crate) struct ReplicaState {
     pub(crate) disk: Arc<Durable>,
     /// Restarts so far.
     pub(crate) boots: u8,
+    /// Wipes so far.
+    pub(crate) wipes: u8,
     /// The message of an assertion the core failed in a handler (the replica is then frozen).
     pub(crate) panicked: Option<String>,
+    /// Batches not yet durable (`Knobs::deferred_fsync`).
+    unsynced: Vec<Persist>,
+    /// Messages waiting for a batch that is not yet durable.
+    held: Vec<Outgoing>,
+    /// The last batch made durable since the start.
+    synced: Option<BatchId>,
     /// The fingerprint: see [`canon`].
     canon: u64,
 }
 
 impl ReplicaState {
-    fn new(replica: ShardReplica, disk: Arc<Durable>, boots: u8) -> Self {
+    fn new(replica: ShardReplica, disk: Arc<Durable>, boots: u8, wipes: u8) -> Self {
         let mut state = ReplicaState {
             replica,
             disk,
             boots,
+            wipes,
             panicked: None,
+            unsynced: Vec::new(),
+            held: Vec::new(),
+            synced: None,
             canon: 0,
         };
         state.canon = canon(&state);
@@ -203,7 +293,11 @@ fn canon(state: &ReplicaState) -> u64 {
     mask_fields(&text, &MASKED).hash(&mut hasher);
     state.disk.hash(&mut hasher);
     state.boots.hash(&mut hasher);
+    state.wipes.hash(&mut hasher);
     state.panicked.hash(&mut hasher);
+    state.unsynced.hash(&mut hasher);
+    state.held.hash(&mut hasher);
+    state.synced.hash(&mut hasher);
     hasher.finish()
 }
 
@@ -308,8 +402,18 @@ pub(crate) struct ClientState {
 /// The model's actors.
 #[derive(Debug, Clone)]
 pub(crate) enum ModelActor {
-    Replica { index: usize, knobs: Knobs },
-    Client { client: u64, plan: ClientPlan },
+    Replica {
+        index: usize,
+        knobs: Knobs,
+    },
+    Client {
+        client: u64,
+        plan: ClientPlan,
+    },
+    /// Sends the scenario's placement targets at start.
+    Env {
+        scenario: Scenario,
+    },
 }
 
 /// Their states.
@@ -317,10 +421,11 @@ pub(crate) enum ModelActor {
 pub(crate) enum ActorState {
     Replica(Box<ReplicaState>),
     Client(ClientState),
+    Env,
 }
 
-pub(crate) fn client_id(client: u64) -> Id {
-    Id::from(REPLICAS + usize::try_from(client).expect("small"))
+pub(crate) fn client_id(knobs: Knobs, client: u64) -> Id {
+    Id::from(knobs.scenario.replicas() + usize::try_from(client).expect("small"))
 }
 
 pub(crate) fn put_value(client: u64) -> Vec<u8> {
@@ -367,26 +472,37 @@ fn apply(disk: &mut Durable, changes: &[Change]) {
 
 /// Persists every batch at once (saving the disk image, then `handle_persisted`), sends every
 /// message and reply, and sets the timers for the new role: all in one step, which is R0.
-fn drain(id: Id, state: &mut ReplicaState, o: &mut Out<ModelActor>) {
+/// With `Knobs::deferred_fsync`, batches wait for the `Fsync` timer ([`fsync`]) instead, and
+/// so do the messages tagged with them.
+fn drain(knobs: Knobs, state: &mut ReplicaState, o: &mut Out<ModelActor>) {
     let now = Duration::ZERO;
     let mut saved = false;
     loop {
         let mut progressed = false;
         while let Some(persist) = state.replica.poll_persist() {
+            progressed = true;
+            if knobs.deferred_fsync {
+                state.unsynced.push(persist);
+                continue;
+            }
             apply(Arc::make_mut(&mut state.disk), &persist.changes);
             saved = true;
+            state.synced = Some(persist.batch);
             state.replica.handle_persisted(now, persist.batch);
-            progressed = true;
         }
         while let Some(outgoing) = state.replica.poll_message() {
-            o.send(
-                Id::from(index_of(&outgoing.to.node)),
-                ModelMsg::Replica(Arc::new(outgoing.message)),
-            );
             progressed = true;
+            if outgoing
+                .after
+                .is_some_and(|batch| state.synced < Some(batch))
+            {
+                state.held.push(outgoing);
+                continue;
+            }
+            send(state, outgoing, o);
         }
         while let Some((tag, reply)) = state.replica.poll_reply() {
-            o.send(client_id(tag.client), ModelMsg::Reply(tag, reply));
+            o.send(client_id(knobs, tag.client), ModelMsg::Reply(tag, reply));
             progressed = true;
         }
         if !progressed {
@@ -394,12 +510,47 @@ fn drain(id: Id, state: &mut ReplicaState, o: &mut Out<ModelActor>) {
         }
     }
     if saved {
-        o.save(Saved {
-            disk: Arc::clone(&state.disk),
-            boots: state.boots,
-        });
+        o.save(saved_of(state));
     }
-    let _ = id;
+}
+
+fn send(state: &ReplicaState, outgoing: Outgoing, o: &mut Out<ModelActor>) {
+    let from = state.replica.me().clone();
+    o.send(
+        Id::from(index_of(&outgoing.to.node)),
+        ModelMsg::Replica(Arc::new((from, outgoing.to, outgoing.message))),
+    );
+}
+
+/// The `Fsync` timer: the unsynced batches become durable, in order; the messages they held
+/// leave.
+fn fsync(knobs: Knobs, state: &mut ReplicaState, o: &mut Out<ModelActor>) {
+    let now = Duration::ZERO;
+    for persist in std::mem::take(&mut state.unsynced) {
+        apply(Arc::make_mut(&mut state.disk), &persist.changes);
+        state.synced = Some(persist.batch);
+        state.replica.handle_persisted(now, persist.batch);
+    }
+    o.save(saved_of(state));
+    for outgoing in std::mem::take(&mut state.held) {
+        if outgoing
+            .after
+            .is_some_and(|batch| state.synced < Some(batch))
+        {
+            state.held.push(outgoing);
+        } else {
+            send(state, outgoing, o);
+        }
+    }
+    drain(knobs, state, o);
+}
+
+fn saved_of(state: &ReplicaState) -> Saved {
+    Saved {
+        disk: Arc::clone(&state.disk),
+        boots: state.boots,
+        wipes: state.wipes,
+    }
 }
 
 fn set_timers(state: &ReplicaState, knobs: Knobs, o: &mut Out<ModelActor>) {
@@ -407,6 +558,8 @@ fn set_timers(state: &ReplicaState, knobs: Knobs, o: &mut Out<ModelActor>) {
         o.cancel_timer(ModelTimer::Heartbeat);
         o.cancel_timer(ModelTimer::Election);
         o.cancel_timer(ModelTimer::Restart);
+        o.cancel_timer(ModelTimer::Wipe);
+        o.cancel_timer(ModelTimer::Fsync);
         return;
     }
     if state.replica.leading_ballot().is_some() {
@@ -423,6 +576,16 @@ fn set_timers(state: &ReplicaState, knobs: Knobs, o: &mut Out<ModelActor>) {
     } else {
         o.cancel_timer(ModelTimer::Restart);
     }
+    if state.wipes < knobs.max_wipes {
+        o.set_timer(ModelTimer::Wipe, model_timeout());
+    } else {
+        o.cancel_timer(ModelTimer::Wipe);
+    }
+    if state.unsynced.is_empty() {
+        o.cancel_timer(ModelTimer::Fsync);
+    } else {
+        o.set_timer(ModelTimer::Fsync, model_timeout());
+    }
 }
 
 /// Runs one input through the replica (catching a failed assertion) and drains it. Always a
@@ -430,11 +593,23 @@ fn set_timers(state: &ReplicaState, knobs: Knobs, o: &mut Out<ModelActor>) {
 /// (stateright would otherwise keep it in flight forever, splitting states by whether it was
 /// delivered), and a timer that changes nothing stays set.
 fn step(
-    id: Id,
     state: &mut Cow<ActorState>,
     knobs: Knobs,
     o: &mut Out<ModelActor>,
     input: impl FnOnce(&mut ShardReplica),
+) {
+    step_state(state, knobs, o, |next, out| {
+        input(&mut next.replica);
+        drain(knobs, next, out);
+    });
+}
+
+/// [`step`] with access to the adapter's state too.
+fn step_state(
+    state: &mut Cow<ActorState>,
+    knobs: Knobs,
+    o: &mut Out<ModelActor>,
+    input: impl FnOnce(&mut ReplicaState, &mut Out<ModelActor>),
 ) {
     let ActorState::Replica(current) = &**state else {
         unreachable!("a replica")
@@ -442,14 +617,16 @@ fn step(
     let mut next: ReplicaState = (**current).clone();
     if current.panicked.is_none() {
         let result = guarded(|| {
-            input(&mut next.replica);
             let mut out = Out::new();
-            drain(id, &mut next, &mut out);
+            input(&mut next, &mut out);
             out
         });
         match result {
             Ok(mut out) => {
-                if !out.is_empty() || next.replica != current.replica {
+                if !out.is_empty()
+                    || next.replica != current.replica
+                    || next.unsynced != current.unsynced
+                {
                     next.canon = canon(&next);
                 }
                 o.append(&mut out);
@@ -466,63 +643,94 @@ fn step(
     *state.to_mut() = ActorState::Replica(Box::new(next));
 }
 
-/// A replica restarted from `saved`: only the disk survives.
-fn recover(index: usize, knobs: Knobs, saved: &Saved) -> ReplicaState {
+/// A replica on `index` starting from `durable`, as member `me`.
+fn start(index: usize, me: Member, durable: Durable, knobs: Knobs) -> ShardReplica {
     let mut replica = ShardReplica::new(
         Duration::ZERO,
         SHARD,
-        member(index),
-        Durable::clone(&saved.disk),
+        me,
+        durable,
         replica_config(knobs),
         index as u64,
     );
     replica.set_mutations(knobs.mutations);
-    ReplicaState::new(replica, Arc::clone(&saved.disk), saved.boots + 1)
+    replica
+}
+
+/// A replica restarted from `saved`: only the disk survives.
+fn recover(index: usize, knobs: Knobs, saved: &Saved) -> ReplicaState {
+    let me = member_of(index, saved.wipes);
+    let replica = start(index, me, Durable::clone(&saved.disk), knobs);
+    ReplicaState::new(
+        replica,
+        Arc::clone(&saved.disk),
+        saved.boots + 1,
+        saved.wipes,
+    )
+}
+
+/// A replica that lost its disk: a new member, bootstrapped with the first config.
+fn wiped(index: usize, knobs: Knobs, current: &ReplicaState) -> ReplicaState {
+    let wipes = current.wipes + 1;
+    let durable = Durable::bootstrap(knobs.scenario.first_config());
+    let replica = start(index, member_of(index, wipes), durable.clone(), knobs);
+    ReplicaState::new(replica, Arc::new(durable), current.boots, wipes)
+}
+
+/// The replicas' first states.
+pub(crate) fn initial(knobs: Knobs) -> Vec<ReplicaState> {
+    match knobs.scenario {
+        Scenario::Config2015 => config_2015(knobs),
+        _ => elected(knobs),
+    }
 }
 
 /// The replicas after the first election: `n0` has won ballot `1.n0`, its `EpochStart` is
-/// committed and every message was delivered. Driven through the real code.
+/// committed and every message was delivered. Driven through the real code. Replicas past
+/// the first config's voters start empty (spares).
 fn elected(knobs: Knobs) -> Vec<ReplicaState> {
-    let mut states: Vec<ReplicaState> = (0..REPLICAS)
+    let scenario = knobs.scenario;
+    let mut states: Vec<ReplicaState> = (0..scenario.replicas())
         .map(|i| {
-            let durable = Durable::bootstrap(shard_config());
-            let mut replica = ShardReplica::new(
-                Duration::ZERO,
-                SHARD,
-                member(i),
-                durable.clone(),
-                replica_config(knobs),
-                i as u64,
-            );
-            replica.set_mutations(knobs.mutations);
-            ReplicaState::new(replica, Arc::new(durable), 0)
+            let durable = if i < scenario.voters() {
+                Durable::bootstrap(scenario.first_config())
+            } else {
+                Durable::empty()
+            };
+            let replica = start(i, member(i), durable.clone(), knobs);
+            ReplicaState::new(replica, Arc::new(durable), 0, 0)
         })
         .collect();
     let mut queue = std::collections::VecDeque::new();
+    // The first election runs with every fsync done at once.
+    let at_once = Knobs {
+        deferred_fsync: false,
+        ..knobs
+    };
     let run = |states: &mut Vec<ReplicaState>,
                i: usize,
-               queue: &mut std::collections::VecDeque<(usize, Id, ModelMsg)>,
+               queue: &mut std::collections::VecDeque<(Id, ModelMsg)>,
                input: &dyn Fn(&mut ShardReplica)| {
         input(&mut states[i].replica);
         let mut out = Out::new();
-        drain(Id::from(i), &mut states[i], &mut out);
+        drain(at_once, &mut states[i], &mut out);
         for command in out {
             if let stateright::actor::Command::Send(to, msg) = command {
-                queue.push_back((i, to, msg));
+                queue.push_back((to, msg));
             }
         }
     };
     run(&mut states, 0, &mut queue, &|r| {
         r.handle_timeout(Duration::ZERO, Timer::Election);
     });
-    while let Some((from, to, msg)) = queue.pop_front() {
+    while let Some((to, msg)) = queue.pop_front() {
         let ModelMsg::Replica(message) = msg else {
             unreachable!("no clients yet")
         };
-        let to = usize::from(to);
-        let now = now_for(&message);
-        run(&mut states, to, &mut queue, &|r| {
-            r.handle_message(now, member(from), member(to), Message::clone(&message));
+        let (from, to_member, message) = &*message;
+        let now = now_for(message);
+        run(&mut states, usize::from(to), &mut queue, &|r| {
+            r.handle_message(now, from.clone(), to_member.clone(), message.clone());
         });
     }
     assert!(
@@ -533,6 +741,44 @@ fn elected(knobs: Knobs) -> Vec<ReplicaState> {
         state.canon = canon(state);
     }
     states
+}
+
+/// [`Scenario::Config2015`]'s hand-built disks; every replica restarts from its own.
+fn config_2015(knobs: Knobs) -> Vec<ReplicaState> {
+    let scenario = knobs.scenario;
+    let b1 = Ballot {
+        n: 1,
+        node: name(0),
+    };
+    let epoch = Entry {
+        ballot: b1.clone(),
+        index: 1,
+        op: Op::EpochStart,
+        tag: None,
+    };
+    let five = Config {
+        voters: (0..5).map(member).collect(),
+        learners: Vec::new(),
+    };
+    let change = Entry {
+        ballot: b1.clone(),
+        index: 2,
+        op: Op::Config(five),
+        tag: None,
+    };
+    (0..scenario.replicas())
+        .map(|i| {
+            let mut durable = Durable::bootstrap(scenario.first_config());
+            durable.promised = Some(b1.clone());
+            durable.log.push(epoch.clone());
+            durable.applied = 1;
+            if i == 0 || i == 4 {
+                durable.log.push(change.clone());
+            }
+            let replica = start(i, member(i), durable.clone(), knobs);
+            ReplicaState::new(replica, Arc::new(durable), 0, 0)
+        })
+        .collect()
 }
 
 fn now_for(message: &Message) -> Duration {
@@ -549,20 +795,16 @@ impl Actor for ModelActor {
     type Storage = Saved;
     type Random = ();
 
-    fn on_start(&self, id: Id, storage: &Option<Saved>, o: &mut Out<Self>) -> ActorState {
+    fn on_start(&self, _: Id, storage: &Option<Saved>, o: &mut Out<Self>) -> ActorState {
         match self {
             ModelActor::Replica { index, knobs } => {
                 let state = match storage {
                     // stateright's `Recover` after a `Crash`.
                     Some(saved) => recover(*index, *knobs, saved),
-                    None => elected(*knobs).swap_remove(*index),
+                    None => initial(*knobs).swap_remove(*index),
                 };
-                o.save(Saved {
-                    disk: Arc::clone(&state.disk),
-                    boots: state.boots,
-                });
+                o.save(saved_of(&state));
                 set_timers(&state, *knobs, o);
-                let _ = id;
                 ActorState::Replica(Box::new(state))
             }
             ModelActor::Client { client, plan } => {
@@ -582,32 +824,37 @@ impl Actor for ModelActor {
                     target: plan.put_to,
                 })
             }
+            ModelActor::Env { scenario } => {
+                for (replica, target) in scenario.targets() {
+                    let target = target.iter().map(|&i| member(i)).collect();
+                    o.send(Id::from(*replica), ModelMsg::Target(target));
+                }
+                ActorState::Env
+            }
         }
     }
 
-    fn on_msg(
-        &self,
-        id: Id,
-        state: &mut Cow<ActorState>,
-        src: Id,
-        msg: ModelMsg,
-        o: &mut Out<Self>,
-    ) {
+    fn on_msg(&self, _: Id, state: &mut Cow<ActorState>, _: Id, msg: ModelMsg, o: &mut Out<Self>) {
         match self {
-            ModelActor::Replica { index, knobs } => {
+            ModelActor::Replica { knobs, .. } => {
                 let knobs = *knobs;
-                let from = usize::from(src);
                 match msg {
                     ModelMsg::Replica(message) => {
-                        let now = now_for(&message);
-                        step(id, state, knobs, o, |replica| {
-                            let message = Arc::unwrap_or_clone(message);
-                            replica.handle_message(now, member(from), member(*index), message);
+                        let (_, _, inner) = &*message;
+                        let now = now_for(inner);
+                        step(state, knobs, o, |replica| {
+                            let (from, to, message) = Arc::unwrap_or_clone(message);
+                            replica.handle_message(now, from, to, message);
                         });
                     }
                     ModelMsg::Request(tag, op) => {
-                        step(id, state, knobs, o, |replica| {
+                        step(state, knobs, o, |replica| {
                             replica.handle_client(Duration::ZERO, tag, op);
+                        });
+                    }
+                    ModelMsg::Target(target) => {
+                        step(state, knobs, o, |replica| {
+                            replica.handle_target(Duration::ZERO, target);
                         });
                     }
                     ModelMsg::Reply(..) => {}
@@ -655,12 +902,13 @@ impl Actor for ModelActor {
                 }
                 *state.to_mut() = ActorState::Client(next);
             }
+            ModelActor::Env { .. } => {}
         }
     }
 
     fn on_timeout(
         &self,
-        id: Id,
+        _: Id,
         state: &mut Cow<ActorState>,
         timer: &ModelTimer,
         o: &mut Out<Self>,
@@ -671,26 +919,28 @@ impl Actor for ModelActor {
         let timer = match timer {
             ModelTimer::Election => Timer::Election,
             ModelTimer::Heartbeat => Timer::Heartbeat,
-            ModelTimer::Restart => {
+            ModelTimer::Fsync => {
+                step_state(state, *knobs, o, |next, out| fsync(*knobs, next, out));
+                return;
+            }
+            ModelTimer::Restart | ModelTimer::Wipe => {
                 let ActorState::Replica(current) = &**state else {
                     unreachable!("a replica")
                 };
-                let saved = Saved {
-                    disk: Arc::clone(&current.disk),
-                    boots: current.boots,
+                let next = if *timer == ModelTimer::Wipe {
+                    wiped(*index, *knobs, current)
+                } else {
+                    recover(*index, *knobs, &saved_of(current))
                 };
-                let next = recover(*index, *knobs, &saved);
-                o.save(Saved {
-                    disk: Arc::clone(&next.disk),
-                    boots: next.boots,
-                });
+                o.save(saved_of(&next));
                 o.cancel_timer(ModelTimer::Heartbeat);
+                o.cancel_timer(ModelTimer::Fsync);
                 set_timers(&next, *knobs, o);
                 *state.to_mut() = ActorState::Replica(Box::new(next));
                 return;
             }
         };
-        step(id, state, *knobs, o, |replica| {
+        step(state, *knobs, o, |replica| {
             replica.handle_timeout(Duration::ZERO, timer);
         });
     }
@@ -699,6 +949,7 @@ impl Actor for ModelActor {
         match self {
             ModelActor::Replica { index, .. } => format!("n{index}"),
             ModelActor::Client { client, .. } => format!("c{client}"),
+            ModelActor::Env { .. } => "env".to_string(),
         }
     }
 }

@@ -4,13 +4,14 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
 use cluster::replica::{
-    Ballot, ClientOp, ClientReply, Durable, Entry, Message, Op, Pos, RequestTag, ShardReplica,
+    Ballot, ClientOp, ClientReply, Config, Durable, Entry, Message, Op, Pos, RequestTag,
+    ShardReplica,
 };
-use stateright::actor::{ActorModel, ActorModelState, Envelope};
+use stateright::actor::{ActorModel, ActorModelState, Envelope, Id};
 use stateright::semantics::register::{Register, RegisterOp, RegisterRet};
 use stateright::semantics::{ConsistencyTester, LinearizabilityTester};
 
-use super::actor::{ActorState, Knobs, ModelActor, ModelMsg, REPLICAS, ReplicaState};
+use super::actor::{ActorState, Knobs, ModelActor, ModelMsg, ReplicaState};
 
 pub(crate) type Model = ActorModel<ModelActor, Knobs, History>;
 pub(crate) type State = ActorModelState<ModelActor, History>;
@@ -30,6 +31,8 @@ pub(crate) struct Record {
     pub(crate) refused: BTreeSet<RequestTag>,
     /// `Get`s answered `Ok`.
     pub(crate) reads: u8,
+    /// `Get`s answered `Ok` by another replica than `n0` (the first leader).
+    pub(crate) reads_elsewhere: u8,
 }
 
 impl std::ops::Deref for History {
@@ -46,6 +49,7 @@ impl History {
             acked: BTreeSet::new(),
             refused: BTreeSet::new(),
             reads: 0,
+            reads_elsewhere: 0,
         }))
     }
 }
@@ -100,6 +104,9 @@ pub(crate) fn record_in(
                     .tester
                     .on_return(thread(tag), RegisterRet::ReadOk(value.clone()));
                 record.reads += 1;
+                if envelope.src != Id::from(0) {
+                    record.reads_elsewhere += 1;
+                }
             }
         }
         ClientReply::Moved { .. } | ClientReply::Unavailable => {
@@ -112,33 +119,38 @@ pub(crate) fn record_in(
 
 // ---- views of a state ----
 
-fn replica(state: &State, i: usize) -> &ReplicaState {
-    match &*state.actor_states[i] {
-        ActorState::Replica(replica) => replica,
-        ActorState::Client(_) => unreachable!("replicas come first"),
-    }
+/// The replicas' states (actors `0..`, before the clients).
+fn replicas(state: &State) -> impl Iterator<Item = (usize, &ReplicaState)> {
+    state
+        .actor_states
+        .iter()
+        .map_while(|actor| match &**actor {
+            ActorState::Replica(replica) => Some(&**replica),
+            _ => None,
+        })
+        .enumerate()
 }
 
 /// The replicas that run (not crashed).
 fn live(state: &State) -> impl Iterator<Item = &ShardReplica> {
-    (0..REPLICAS)
-        .filter(|&i| !state.crashed[i])
-        .map(|i| &replica(state, i).replica)
+    replicas(state)
+        .filter(|(i, _)| !state.crashed[*i])
+        .map(|(_, r)| &r.replica)
 }
 
 /// What each replica holds: its in-memory durable state if it runs, else its disk.
 fn current(state: &State) -> impl Iterator<Item = &Durable> {
-    (0..REPLICAS).map(|i| {
+    replicas(state).map(|(i, r)| {
         if state.crashed[i] {
-            &*replica(state, i).disk
+            &*r.disk
         } else {
-            replica(state, i).replica.durable()
+            r.replica.durable()
         }
     })
 }
 
 fn disks(state: &State) -> impl Iterator<Item = &Durable> {
-    (0..REPLICAS).map(|i| &*replica(state, i).disk)
+    replicas(state).map(|(_, r)| &*r.disk)
 }
 
 /// Every log: in memory (of running replicas) and on disk.
@@ -154,7 +166,7 @@ fn in_flight(state: &State) -> Vec<&Entry> {
     let mut entries = Vec::new();
     for envelope in state.network.iter_deliverable() {
         if let ModelMsg::Replica(message) = envelope.msg {
-            match &**message {
+            match &message.2 {
                 Message::Append { entries: e, .. } => entries.extend(e),
                 Message::Promise {
                     suffix: Some(e), ..
@@ -225,8 +237,7 @@ pub(crate) fn log_matching(_: &Model, state: &State) -> bool {
 /// each disk up to its `applied`.
 pub(crate) fn committed_prefixes_agree(_: &Model, state: &State) -> bool {
     let mut prefixes: Vec<&[Entry]> = Vec::new();
-    for i in 0..REPLICAS {
-        let r = replica(state, i);
+    for (i, r) in replicas(state) {
         let disk = &*r.disk;
         let upto = usize::try_from(disk.applied).expect("small");
         prefixes.push(&disk.log[..upto.min(disk.log.len())]);
@@ -271,8 +282,10 @@ pub(crate) fn acked_writes_survive(_: &Model, state: &State) -> bool {
         {
             return false;
         }
+        // On a majority of the smallest config's disks, less the disks wiped since.
+        let wiped: usize = replicas(state).map(|(_, r)| usize::from(r.wipes)).sum();
         let on_disk = disks(state).filter(|d| holds(&d.log)).count();
-        if on_disk < REPLICAS / 2 + 1 {
+        if on_disk + wiped < 2 {
             return false;
         }
         for replica in live(state) {
@@ -284,7 +297,9 @@ pub(crate) fn acked_writes_survive(_: &Model, state: &State) -> bool {
             }
         }
         for durable in current(state).chain(disks(state)) {
-            if durable.applied >= write.index && !holds(&durable.log) {
+            // A tombstone keeps nothing (R8).
+            if durable.tombstone.is_none() && durable.applied >= write.index && !holds(&durable.log)
+            {
                 return false;
             }
         }
@@ -315,7 +330,44 @@ pub(crate) fn linearizable(_: &Model, state: &State) -> bool {
 
 /// No assertion of the core failed (e.g. R4's "a committed entry would be truncated").
 pub(crate) fn no_failed_assertion(_: &Model, state: &State) -> bool {
-    (0..REPLICAS).all(|i| replica(state, i).panicked.is_none())
+    replicas(state).all(|(_, r)| r.panicked.is_none())
+}
+
+/// I5: a leader opened its ballot only with promises of members (node and storage) that are
+/// voters of a config in its log.
+pub(crate) fn promises_from_members(_: &Model, state: &State) -> bool {
+    live(state).all(|leader| {
+        let durable = leader.durable();
+        let configs: Vec<&Config> = std::iter::once(&durable.base.config)
+            .chain(durable.log.iter().filter_map(|e| match &e.op {
+                Op::Config(config) => Some(config),
+                _ => None,
+            }))
+            .collect();
+        leader
+            .promisers()
+            .iter()
+            .all(|promiser| configs.iter().any(|config| config.is_voter(promiser)))
+    })
+}
+
+/// R5: in every log, each `Config` differs from the one before it by at most one voter
+/// (voters reordered count as no change).
+pub(crate) fn one_voter_changes(_: &Model, state: &State) -> bool {
+    let voters = |config: &Config| config.voters.iter().cloned().collect::<BTreeSet<_>>();
+    current(state).chain(disks(state)).all(|durable| {
+        let mut before = voters(&durable.base.config);
+        for entry in &durable.log {
+            if let Op::Config(config) = &entry.op {
+                let after = voters(config);
+                if before.symmetric_difference(&after).count() > 1 && !before.is_empty() {
+                    return false;
+                }
+                before = after;
+            }
+        }
+        true
+    })
 }
 
 // ---- Sometimes ----
@@ -332,22 +384,62 @@ pub(crate) fn read_served(_: &Model, state: &State) -> bool {
     state.history.reads > 0
 }
 
+/// M3: a read served by the replica the leadership was handed to.
+pub(crate) fn read_after_handoff(_: &Model, state: &State) -> bool {
+    state.history.reads_elsewhere > 0
+}
+
+/// M2: a replica that was not a first voter is a voter of a config in some log.
+pub(crate) fn learner_promoted(model: &Model, state: &State) -> bool {
+    let first = model.cfg.scenario.voters();
+    current(state).any(|durable| {
+        durable.log.iter().any(|entry| match &entry.op {
+            Op::Config(config) => config
+                .voters
+                .iter()
+                .any(|v| super::actor::index_of(&v.node) >= first),
+            _ => false,
+        })
+    })
+}
+
+/// M4: a removed replica tombstoned its copy on disk.
+pub(crate) fn tombstone_written(_: &Model, state: &State) -> bool {
+    disks(state).any(|disk| disk.tombstone.is_some())
+}
+
+/// Two candidates stand at the same `n` at once (a duel).
+pub(crate) fn two_candidates_at_same_n(_: &Model, state: &State) -> bool {
+    let mut seen = BTreeSet::new();
+    live(state)
+        .filter_map(ShardReplica::candidate_ballot)
+        .any(|b| !seen.insert(b.n))
+}
+
 // ---- bounds ----
 
 /// Ballots `n ≤ max_n`, logs `≤ max_log` entries, heartbeat rounds `≤ max_hb`, restarts
 /// `≤ max_restarts` in all; clients never crash (only replicas do).
 pub(crate) fn within_boundary(knobs: &Knobs, state: &State) -> bool {
-    if state.crashed[REPLICAS..].iter().any(|&c| c) {
+    let count = knobs.scenario.replicas();
+    if state.crashed[count..].iter().any(|&c| c) {
         return false;
     }
-    if (0..REPLICAS).map(|i| replica(state, i).boots).sum::<u8>() > knobs.max_restarts {
+    if replicas(state).map(|(_, r)| r.boots).sum::<u8>() > knobs.max_restarts
+        || replicas(state).map(|(_, r)| r.wipes).sum::<u8>() > knobs.max_wipes
+    {
         return false;
     }
-    for i in 0..REPLICAS {
-        let r = replica(state, i);
+    for (_, r) in replicas(state) {
         for durable in [r.replica.durable(), &*r.disk] {
+            let configs = durable
+                .log
+                .iter()
+                .filter(|e| matches!(e.op, Op::Config(_)))
+                .count();
             if durable.promised.as_ref().is_some_and(|b| b.n > knobs.max_n)
                 || durable.log.len() > knobs.max_log
+                || configs > knobs.max_configs
             {
                 return false;
             }
@@ -357,7 +449,7 @@ pub(crate) fn within_boundary(knobs: &Knobs, state: &State) -> bool {
         .network
         .iter_deliverable()
         .all(|envelope| match envelope.msg {
-            ModelMsg::Replica(message) => match &**message {
+            ModelMsg::Replica(message) => match &message.2 {
                 Message::Append { hb_seq, .. } => *hb_seq <= knobs.max_hb,
                 _ => true,
             },
