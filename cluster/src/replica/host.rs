@@ -120,7 +120,7 @@ impl ShardHost {
             if !self.replicas.contains_key(&shard) {
                 match &message {
                     // Only a leader creates shard state on another node (R6).
-                    Message::Append { .. } if to == self.me => {
+                    Message::Append { .. } | Message::Snapshot { .. } if to == self.me => {
                         self.open_shard(now, shard, Durable::empty());
                     }
                     Message::Prepare { b, .. } => {
