@@ -19,7 +19,7 @@ use core::time::Duration;
 
 use topology::NodeId;
 
-pub use self::host::{HostBatchId, HostPersist, PeerBatch, ShardHost};
+pub use self::host::{FRAME_BUDGET, HostBatchId, HostPersist, PeerBatch, ShardHost};
 pub use self::types::{
     Ballot, ClientOp, ClientReply, Config, Entry, Member, Message, NackReason, Op, Pos,
     RejectReason, RequestTag, StorageId, snapshot_digest,

@@ -56,6 +56,8 @@ pub(crate) struct Cluster {
     config: ReplicaConfig,
     /// Changes each replication frame just before delivery (corruption in flight).
     pub(crate) tamper: Option<fn(&mut PeerBatch)>,
+    /// When set, the largest encoded frame sent so far.
+    pub(crate) largest_frame: Option<usize>,
 }
 
 impl Cluster {
@@ -94,6 +96,7 @@ impl Cluster {
             shards,
             config,
             tamper: None,
+            largest_frame: None,
         };
         for index in 0..nodes {
             cluster.start(index);
@@ -178,6 +181,9 @@ impl Cluster {
             let Some(to) = (0..self.disks.len()).find(|&i| name(i) == peer) else {
                 continue;
             };
+            if let Some(largest) = self.largest_frame.as_mut() {
+                *largest = (*largest).max(cluster::wire::encode(&batch).len());
+            }
             let delay = Duration::from_micros(self.rng.random_range(200..1000));
             self.flights.push((self.now + delay, index, to, batch));
         }
@@ -656,4 +662,61 @@ fn a_fourth_replica_joins_through_a_snapshot_with_loss_and_crashes() {
             );
         }
     }
+}
+
+/// Snapshot chunks of one 2.5 MiB pair each, for three shards, from one leader to one
+/// learner: every frame stays under the transport's 4 MiB (without the host's frame budget,
+/// the two chunks in flight per shard travel in one 5 MiB frame).
+#[test]
+fn snapshot_frames_stay_under_four_mebibytes() {
+    let config = ReplicaConfig {
+        compact_after: 2,
+        ..ReplicaConfig::default()
+    };
+    // Shards 0, 4 and 8 all live on n0 n1 n2 (led by n0); n3 joins each.
+    let shards = [0u16, 4, 8];
+    let mut cluster = Cluster::with_config(4, 9, 5, config);
+    cluster.largest_frame = Some(0);
+    cluster.run(Duration::from_secs(1));
+    for shard in shards {
+        let leader = cluster.leader_of(shard).expect("a leader");
+        for req in 0..4u64 {
+            let op = ClientOp::Put {
+                key: vec![req as u8],
+                value: vec![7; 2500 << 10],
+            };
+            cluster.client(leader, shard, tag(u64::from(shard), req), op);
+            cluster.run(Duration::from_millis(5));
+        }
+    }
+    cluster.run(Duration::from_millis(200));
+    for shard in shards {
+        let leader = cluster.leader_of(shard).expect("a leader");
+        let mut target = vec![member(leader)];
+        target.extend((0..4).filter(|&i| i != leader).map(member));
+        cluster.hosts[leader]
+            .as_mut()
+            .unwrap()
+            .handle_target(cluster.now, shard, target);
+        cluster.pump(leader);
+    }
+    cluster.run(Duration::from_secs(3));
+    for shard in shards {
+        let leader = cluster.leader_of(shard).expect("a leader");
+        let kv = |i: usize| {
+            cluster.hosts[i]
+                .as_ref()
+                .unwrap()
+                .replica(shard)
+                .unwrap()
+                .durable()
+                .kv
+                .clone()
+        };
+        assert_eq!(kv(3).len(), 4, "shard {shard}");
+        assert_eq!(kv(3), kv(leader), "shard {shard}");
+    }
+    let largest = cluster.largest_frame.unwrap();
+    assert!(largest > 2 << 20, "snapshot chunks travelled: {largest}");
+    assert!(largest <= 4 << 20, "largest frame {largest} bytes");
 }
