@@ -730,3 +730,46 @@ fn compaction_keeps_the_entries_a_slow_live_follower_needs() {
         assert_eq!(durable(&group, 2).kv, durable(&group, 0).kv, "seed {seed}");
     }
 }
+
+#[test]
+fn a_promise_carries_no_suffix_for_a_candidate_behind_the_base() {
+    let mut group = Group::with_config(3, 0, 4, snapshot_config());
+    group.run(Duration::from_secs(1));
+    assert_eq!(group.leader(), Some(0));
+    write_keys(&mut group, 0, 0..40);
+    let leader_ballot = group.replicas[0]
+        .as_ref()
+        .unwrap()
+        .established_ballot()
+        .cloned()
+        .unwrap();
+    let base = durable(&group, 1).base.pos.index;
+    assert!(base > 8, "n1 compacted its log");
+    let now = group.now;
+    let replica = group.replicas[1].as_mut().unwrap();
+    let mut suffix_for = |n: u64, commit: u64| {
+        let prepare = Message::Prepare {
+            b: cluster::replica::Ballot {
+                n: leader_ballot.n + n,
+                node: name(2),
+            },
+            last: cluster::replica::Pos::ORIGIN,
+            commit,
+            handoff_from: Some(leader_ballot.clone()),
+        };
+        replica.handle_message(now, member(2), member(1), prepare);
+        let mut promise = None;
+        while let Some(outgoing) = replica.poll_message() {
+            if let Message::Promise { suffix, .. } = outgoing.message {
+                promise = Some(suffix);
+            }
+        }
+        promise.expect("a promise")
+    };
+    // Below the base: the entries are compacted, so no suffix (the candidate hands over).
+    assert_eq!(suffix_for(1, base - 1), None);
+    // At the base: everything after it.
+    let suffix = suffix_for(2, base).expect("held");
+    assert_eq!(suffix.first().map(|e| e.index), Some(base + 1));
+    assert_eq!(suffix.len() as u64, durable(&group, 1).last().index - base);
+}
