@@ -58,6 +58,8 @@ pub(crate) struct Cluster {
     pub(crate) tamper: Option<fn(&mut PeerBatch)>,
     /// When set, the largest encoded frame sent so far.
     pub(crate) largest_frame: Option<usize>,
+    /// Snapshot chunks delivered to each host.
+    pub(crate) chunks_to: Vec<usize>,
 }
 
 impl Cluster {
@@ -97,6 +99,7 @@ impl Cluster {
             config,
             tamper: None,
             largest_frame: None,
+            chunks_to: vec![0; nodes],
         };
         for index in 0..nodes {
             cluster.start(index);
@@ -224,6 +227,11 @@ impl Cluster {
                 if let Some(tamper) = self.tamper {
                     tamper(&mut batch);
                 }
+                self.chunks_to[to] += batch
+                    .messages
+                    .iter()
+                    .filter(|(_, _, m)| matches!(m, cluster::replica::Message::Snapshot { .. }))
+                    .count();
                 if let Some(host) = self.hosts[to].as_mut() {
                     host.handle_peer_batch(now, batch);
                     self.pump(to);
@@ -598,6 +606,8 @@ fn a_fourth_replica_joins_through_a_snapshot_with_loss_and_crashes() {
         if seed % 3 == 0 {
             cluster.tamper = Some(flip_chunk);
         }
+        let mut crash_at_chunks = None;
+        let mut crashed_at = None;
         for step in 0..4000 {
             cluster.run(Duration::from_millis(1));
             cluster.check_invariants();
@@ -612,13 +622,33 @@ fn a_fourth_replica_joins_through_a_snapshot_with_loss_and_crashes() {
                     cluster.replay(test)
                 );
             }
-            if seed % 2 == 1 && step == 310 {
-                cluster.crash(3);
+            if step == 300 || (step == 0 && seed % 3 != 0) {
+                // Odd seeds crash n3 once it took 6 (clean) chunks of about 30.
+                crash_at_chunks = Some(cluster.chunks_to[3] + 6);
             }
-            if seed % 2 == 1 && step == 400 {
+            if seed % 2 == 1
+                && crashed_at.is_none()
+                && crash_at_chunks.is_some_and(|at| cluster.chunks_to[3] >= at)
+            {
+                let n3 = cluster.hosts[3].as_ref().and_then(|h| h.replica(0));
+                assert!(
+                    n3.is_some_and(|r| r.durable().kv.is_empty()),
+                    "mid-transfer: nothing installed yet; {}",
+                    cluster.replay(test)
+                );
+                cluster.crash(3);
+                crashed_at = Some(step);
+            }
+            if crashed_at.is_some_and(|at| step == at + 50) {
                 cluster.start(3);
             }
         }
+        assert_eq!(
+            crashed_at.is_some(),
+            seed % 2 == 1,
+            "n3 crashed mid-transfer on odd seeds; {}",
+            cluster.replay(test)
+        );
         let leader = cluster.leader_of(0).expect("a leader");
         let leader_durable = cluster.hosts[leader]
             .as_ref()
