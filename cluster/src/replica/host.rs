@@ -8,9 +8,39 @@ use core::time::Duration;
 use topology::NodeId;
 
 use super::{
-    BatchId, ClientOp, ClientReply, Durable, Member, Message, Persist, RejectReason, ReplicaConfig,
-    RequestTag, ShardReplica, StorageId,
+    BatchId, ClientOp, ClientReply, Durable, Member, Message, Op, Persist, RejectReason,
+    ReplicaConfig, RequestTag, ShardReplica, StorageId,
 };
+
+/// About how many bytes of keys and values one [`PeerBatch`] carries at most (a single larger
+/// message travels alone): half the transport's 4 MiB frame, leaving room for the rest.
+pub const FRAME_BUDGET: usize = 2 << 20;
+
+/// The bulk of a message's encoding: its keys and values, plus a small fixed part.
+fn payload_bytes(message: &Message) -> usize {
+    const FIXED: usize = 64;
+    match message {
+        Message::Snapshot { pairs, .. } => {
+            FIXED
+                + pairs
+                    .iter()
+                    .map(|(key, value)| key.len() + value.len() + 8)
+                    .sum::<usize>()
+        }
+        Message::Append { entries, .. } => {
+            FIXED
+                + entries
+                    .iter()
+                    .map(|entry| match &entry.op {
+                        Op::Put { key, value } => key.len() + value.len() + 64,
+                        Op::Del { key } => key.len() + 64,
+                        Op::EpochStart | Op::Config(_) => 256,
+                    })
+                    .sum::<usize>()
+        }
+        _ => FIXED,
+    }
+}
 
 /// Identifies a host-wide persist batch: one transaction for all shards.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -120,7 +150,7 @@ impl ShardHost {
             if !self.replicas.contains_key(&shard) {
                 match &message {
                     // Only a leader creates shard state on another node (R6).
-                    Message::Append { .. } if to == self.me => {
+                    Message::Append { .. } | Message::Snapshot { .. } if to == self.me => {
                         self.open_shard(now, shard, Durable::empty());
                     }
                     Message::Prepare { b, .. } => {
@@ -227,9 +257,26 @@ impl ShardHost {
         Some(HostPersist { batch, shards })
     }
 
-    /// The next frame to send: every released message for one peer.
+    /// The next frame to send: released messages for one peer, in order, up to about
+    /// [`FRAME_BUDGET`] bytes of keys and values (at least one message), so snapshot chunks
+    /// of several shards never make a frame exceed the transport's 4 MiB.
     pub fn poll_transmit(&mut self) -> Option<(NodeId, PeerBatch)> {
-        let (peer, messages) = self.ready.pop_first()?;
+        let mut queued = self.ready.first_entry()?;
+        let peer = queued.key().clone();
+        let mut size = 0usize;
+        let mut take = 0usize;
+        for (_, _, message) in queued.get() {
+            let bytes = payload_bytes(message);
+            if take > 0 && size + bytes > FRAME_BUDGET {
+                break;
+            }
+            size += bytes;
+            take += 1;
+        }
+        let messages: Vec<_> = queued.get_mut().drain(..take).collect();
+        if queued.get().is_empty() {
+            queued.remove();
+        }
         Some((
             peer,
             PeerBatch {

@@ -2,22 +2,27 @@
 //! `docs/protocol.md` (ballots, ranked candidates, log adoption, commit, ReadIndex,
 //! check-quorum), sans-IO.
 //!
-//! What it does not do (yet): snapshots (R6's catch-up is by log replay from the start, as no
-//! log is compacted yet), leases, and `(client, req)` deduplication.
+//! Logs are compacted after applying (`ReplicaConfig::compact_after`), and a replica that needs
+//! compacted entries receives a snapshot (R6): the leader's state frozen at its applied index,
+//! streamed in digest-checked chunks and installed in one change.
+//!
+//! What it does not do (yet): leases, `(client, req)` deduplication, R6's write throttle when a
+//! learner never catches up, and giving up on a learner after `T_catchup`.
 
 mod host;
 mod types;
 
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
+use std::sync::Arc;
 
 use core::time::Duration;
 
 use topology::NodeId;
 
-pub use self::host::{HostBatchId, HostPersist, PeerBatch, ShardHost};
+pub use self::host::{FRAME_BUDGET, HostBatchId, HostPersist, PeerBatch, ShardHost};
 pub use self::types::{
     Ballot, ClientOp, ClientReply, Config, Entry, Member, Message, NackReason, Op, Pos,
-    RejectReason, RequestTag, StorageId,
+    RejectReason, RequestTag, StorageId, snapshot_digest,
 };
 
 /// Timing and size knobs of a replica. Durations are on the caller's clock.
@@ -39,6 +44,16 @@ pub struct ReplicaConfig {
     pub max_adopt: usize,
     /// The most entries in one `Append`. Default 256.
     pub max_append: usize,
+    /// Compact the log once this many applied entries sit after its base (R6): the base moves
+    /// up to the applied index. A leader keeps the entries that followers heard from within
+    /// `t_elect` still need, unless its log holds more than `4 × compact_after` entries. At
+    /// least 1. Default 10,000: small enough to bound the log, large enough that a follower
+    /// restarting after a short outage catches up by `Append`s rather than a snapshot.
+    pub compact_after: u64,
+    /// The target size of a snapshot chunk in key and value bytes (a single larger pair
+    /// travels alone). Up to `SNAPSHOT_WINDOW` (2) chunks per replica are in flight, and
+    /// frames are at most 4 MiB, so keep it at or under 1 MiB. Default 1 MiB.
+    pub snapshot_chunk_bytes: usize,
 }
 
 impl Default for ReplicaConfig {
@@ -51,6 +66,8 @@ impl Default for ReplicaConfig {
             t_disk: Duration::from_secs(2),
             max_adopt: 1024,
             max_append: 256,
+            compact_after: 10_000,
+            snapshot_chunk_bytes: 1 << 20,
         }
     }
 }
@@ -152,6 +169,64 @@ impl Durable {
             .unwrap_or(&self.base.config)
     }
 
+    /// How an in-memory disk image applies one change of a [`Persist`] batch; the redb store
+    /// does the same, a whole batch in one transaction.
+    pub fn apply_change(&mut self, change: &Change) {
+        match change {
+            Change::Promised(b) => self.promised = Some(b.clone()),
+            Change::Truncate { from } => {
+                let keep = from.saturating_sub(1).saturating_sub(self.base.pos.index);
+                self.log
+                    .truncate(usize::try_from(keep).unwrap_or(usize::MAX));
+            }
+            Change::Append(entries) => self.log.extend(entries.iter().cloned()),
+            Change::Applied { index, writes } => {
+                for (key, value) in writes {
+                    match value {
+                        Some(value) => self.kv.insert(key.clone(), value.clone()),
+                        None => self.kv.remove(key),
+                    };
+                }
+                self.applied = *index;
+            }
+            Change::Tombstone(tombstone) => {
+                self.log.clear();
+                self.kv.clear();
+                self.tombstone = Some(tombstone.clone());
+            }
+            Change::Compact { base } => {
+                let drop = base.pos.index.saturating_sub(self.base.pos.index);
+                let drop = usize::try_from(drop)
+                    .unwrap_or(usize::MAX)
+                    .min(self.log.len());
+                self.log.drain(..drop);
+                self.base = base.clone();
+            }
+            Change::InstallSnapshot { base, kv } => {
+                self.log.clear();
+                self.kv = kv.clone();
+                self.applied = base.pos.index;
+                self.base = base.clone();
+            }
+        }
+    }
+
+    /// The config in force at `index` (the last `Config` entry at or before it, else the
+    /// base's), for `index` at or after the base.
+    pub fn config_at(&self, index: u64) -> &Config {
+        let upto = usize::try_from(index.saturating_sub(self.base.pos.index))
+            .unwrap_or(usize::MAX)
+            .min(self.log.len());
+        self.log[..upto]
+            .iter()
+            .rev()
+            .find_map(|entry| match &entry.op {
+                Op::Config(config) => Some(config),
+                _ => None,
+            })
+            .unwrap_or(&self.base.config)
+    }
+
     /// The entries after `index`.
     pub fn entries_after(&self, index: u64) -> &[Entry] {
         let first = self.base.pos.index + 1;
@@ -182,6 +257,20 @@ pub enum Change {
         index: u64,
         /// Its writes.
         writes: Vec<(Vec<u8>, Option<Vec<u8>>)>,
+    },
+    /// Log compaction: drop the entries up to `base.pos.index` (all applied) and start the
+    /// log after `base`. The key-value state does not change.
+    Compact {
+        /// The new base.
+        base: Base,
+    },
+    /// A received snapshot (R6), in one transaction: the log becomes empty after `base`, the
+    /// key-value state becomes `kv`, and `applied` becomes `base.pos.index`.
+    InstallSnapshot {
+        /// The snapshot's position and config.
+        base: Base,
+        /// The state at `base`.
+        kv: BTreeMap<Vec<u8>, Vec<u8>>,
     },
 }
 
@@ -272,6 +361,105 @@ pub struct Leader {
     removing: BTreeMap<NodeId, (Member, Pos, Config)>,
     /// The promises counted to open `b` (R2.3), kept to be inspected.
     promisers: Vec<Member>,
+    /// The state frozen for snapshots, shared by every transfer that started from it.
+    frozen: Option<Arc<Frozen>>,
+    /// Snapshot transfers in progress (R6), per member.
+    snapshots: BTreeMap<NodeId, SnapshotSend>,
+}
+
+/// Key-value pairs in key order, as a snapshot chunk carries them.
+type Pairs = Vec<(Vec<u8>, Vec<u8>)>;
+
+/// A leader's state frozen at its applied index for snapshots: taken once, shared by every
+/// replica that needs it, cut into chunks by key.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+struct Frozen {
+    base: Base,
+    kv: BTreeMap<Vec<u8>, Vec<u8>>,
+    /// The first key of each chunk (none for an empty state: one empty chunk).
+    starts: Vec<Vec<u8>>,
+}
+
+impl Frozen {
+    fn new(base: Base, kv: BTreeMap<Vec<u8>, Vec<u8>>, chunk_bytes: usize) -> Self {
+        let mut starts = Vec::new();
+        let mut size = 0usize;
+        for (key, value) in &kv {
+            let pair = key.len() + value.len() + 16;
+            if starts.is_empty() || size + pair > chunk_bytes.max(1) && size > 0 {
+                starts.push(key.clone());
+                size = 0;
+            }
+            size += pair;
+        }
+        Frozen { base, kv, starts }
+    }
+
+    fn chunks(&self) -> u64 {
+        self.starts.len().max(1) as u64
+    }
+
+    /// Chunk `seq`'s pairs, and whether it is the last.
+    fn chunk(&self, seq: u64) -> (Pairs, bool) {
+        let last = seq + 1 >= self.chunks();
+        let Some(start) = usize::try_from(seq).ok().and_then(|i| self.starts.get(i)) else {
+            return (Vec::new(), last);
+        };
+        let end = usize::try_from(seq + 1)
+            .ok()
+            .and_then(|i| self.starts.get(i));
+        let pairs = match end {
+            Some(end) => self
+                .kv
+                .range::<Vec<u8>, _>(start..end)
+                .map(|(k, v)| (k.clone(), v.clone()))
+                .collect(),
+            None => self
+                .kv
+                .range::<Vec<u8>, _>(start..)
+                .map(|(k, v)| (k.clone(), v.clone()))
+                .collect(),
+        };
+        (pairs, last)
+    }
+}
+
+/// A received `Snapshot` chunk, unpacked.
+#[derive(Debug)]
+struct SnapshotChunk {
+    base: Pos,
+    config: Config,
+    seq: u64,
+    pairs: Vec<(Vec<u8>, Vec<u8>)>,
+    last: bool,
+    digest: [u8; 32],
+}
+
+/// One snapshot transfer from a leader (R6).
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+struct SnapshotSend {
+    to: Member,
+    frozen: Arc<Frozen>,
+    /// The receiver holds chunks `..acked`.
+    acked: u64,
+    /// The next chunk to send.
+    sent: u64,
+    /// Whether `acked` advanced since the previous heartbeat round; a round without progress
+    /// resends from `acked` (lost chunks, a restarted receiver).
+    progress: bool,
+}
+
+/// A snapshot being received: volatile, lost on a crash, never served or counted.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+struct SnapshotReceive {
+    b: Ballot,
+    base: Pos,
+    config: Config,
+    next: u64,
+    kv: BTreeMap<Vec<u8>, Vec<u8>>,
+    /// A verified chunk that arrived before its predecessor (the network reorders): its
+    /// number, pairs and `last` flag.
+    ahead: Option<(u64, Pairs, bool)>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
@@ -312,6 +500,13 @@ fn last_config_index(durable: &Durable) -> Option<u64> {
 
 /// How many `Append`s a leader has outstanding per follower at most, per send.
 const APPEND_WINDOW: usize = 4;
+
+/// How many snapshot chunks a leader has unacknowledged per receiver at most.
+const SNAPSHOT_WINDOW: u64 = 2;
+
+/// A leader ignores its followers' needs and compacts anyway once its log holds this many
+/// times `compact_after` entries.
+const COMPACT_HARD_CAP: u64 = 4;
 
 /// How long a leader waits between two handoffs to the placement target (R3).
 const T_STABLE: Duration = Duration::from_secs(10);
@@ -369,6 +564,8 @@ pub struct ShardReplica {
     config_at: Option<u64>,
     target: Option<Vec<Member>>,
     last_handoff: Option<Duration>,
+    /// A snapshot being received (R6).
+    incoming: Option<SnapshotReceive>,
     rng: u64,
     open_batch: Vec<Change>,
     /// When the oldest change of the open batch was made.
@@ -414,6 +611,7 @@ impl ShardReplica {
             config_at: None,
             target: None,
             last_handoff: None,
+            incoming: None,
             rng: seed | 1,
             open_batch: Vec::new(),
             open_since: None,
@@ -686,6 +884,31 @@ impl ShardReplica {
                     leader.removing.remove(&from.node);
                 }
             }
+            Message::Snapshot {
+                b,
+                base,
+                config,
+                seq,
+                pairs,
+                last,
+                digest,
+            } => {
+                let chunk = SnapshotChunk {
+                    base,
+                    config,
+                    seq,
+                    pairs,
+                    last,
+                    digest,
+                };
+                self.on_snapshot(now, from, b, chunk);
+            }
+            Message::SnapshotOk {
+                b,
+                base,
+                next,
+                done,
+            } => self.on_snapshot_ok(now, from, b, base, next, done),
         }
         self.finish(now);
     }
@@ -747,8 +970,12 @@ impl ShardReplica {
         }
         self.step_down(now);
         self.promise(b.clone());
+        // Entries after the candidate's commit that this log compacted cannot be adopted: the
+        // candidate asks this replica to lead instead (R2.4).
         let suffix = self.durable.entries_after(commit);
-        let suffix = (suffix.len() <= self.config.max_adopt).then(|| suffix.to_vec());
+        let suffix = (commit >= self.durable.base.pos.index
+            && suffix.len() <= self.config.max_adopt)
+            .then(|| suffix.to_vec());
         let promise = Message::Promise {
             b,
             last: mine,
@@ -1019,6 +1246,8 @@ impl ShardReplica {
             held: Vec::new(),
             removing: BTreeMap::new(),
             promisers,
+            frozen: None,
+            snapshots: BTreeMap::new(),
         };
         for voter in voters.iter().filter(|v| v.node != self.me.node) {
             leader
@@ -1097,6 +1326,18 @@ impl ShardReplica {
         self.leader_hint = Some(b.node.clone());
         self.last_heard = Some(now);
         self.arm_election(now);
+        let (prev, entries) = if prev.index < self.durable.base.pos.index {
+            // Everything up to the base was applied, hence committed, and a leader whose
+            // ballot is not below the promise holds every committed entry: those match.
+            let base = self.durable.base.pos.clone();
+            let entries = entries
+                .into_iter()
+                .filter(|entry| entry.index > base.index)
+                .collect();
+            (base, entries)
+        } else {
+            (prev, entries)
+        };
         if self.durable.pos_at(prev.index) != Some(prev.clone()) {
             let reason = NackReason::Conflict {
                 last: self.durable.last().index,
@@ -1181,8 +1422,11 @@ impl ShardReplica {
                 self.arm_election(now);
             }
             NackReason::Conflict { last } => {
+                // Never below what it acknowledged: a reordered `Append` must not walk a live
+                // follower back behind the compacted base.
+                let matched = leader.matched.get(&from.node).copied().unwrap_or(0);
                 let next = leader.next.entry(from.node.clone()).or_insert(1);
-                *next = (*next).saturating_sub(1).min(last + 1).max(1);
+                *next = (*next).saturating_sub(1).min(last + 1).max(matched + 1);
                 self.appends_wanted = true;
             }
         }
@@ -1228,8 +1472,17 @@ impl ShardReplica {
             .cloned()
             .collect();
         let mut sends = Vec::new();
+        let mut needs_snapshot = Vec::new();
         for voter in voters.iter().filter(|v| v.node != self.me.node) {
+            if leader.snapshots.contains_key(&voter.node) {
+                continue;
+            }
             let mut next = leader.next.get(&voter.node).copied().unwrap_or(last + 1);
+            if next <= self.durable.base.pos.index {
+                // The entries it needs are compacted (R6).
+                needs_snapshot.push(voter.clone());
+                continue;
+            }
             // Up to a window of messages per follower (pipelining); a round sends at least one.
             for window in 0..APPEND_WINDOW {
                 if next > last && !(round && window == 0) {
@@ -1266,6 +1519,360 @@ impl ShardReplica {
             }
             self.send(voter, message, false);
         }
+        self.send_snapshots(&voters, needs_snapshot, round);
+    }
+
+    /// R6: starts a transfer for each member in `start`, drops those of non-members, and
+    /// sends each transfer's chunks up to its window; a `round` without progress since the
+    /// previous one resends from the last acknowledged chunk.
+    fn send_snapshots(&mut self, members: &[Member], start: Vec<Member>, round: bool) {
+        let stale = match &self.role {
+            Role::Leader(leader) => leader
+                .frozen
+                .as_ref()
+                .is_none_or(|frozen| frozen.base.pos.index < self.durable.base.pos.index),
+            _ => return,
+        };
+        let fresh = if stale && !start.is_empty() {
+            let applied = self.durable.applied;
+            let Some(pos) = self.durable.pos_at(applied) else {
+                return;
+            };
+            let base = Base {
+                pos,
+                config: self.durable.config_at(applied).clone(),
+            };
+            Some(Arc::new(Frozen::new(
+                base,
+                self.durable.kv.clone(),
+                self.config.snapshot_chunk_bytes,
+            )))
+        } else {
+            None
+        };
+        let Role::Leader(leader) = &mut self.role else {
+            return;
+        };
+        if let Some(fresh) = fresh {
+            leader.frozen = Some(fresh);
+        }
+        if let Some(frozen) = &leader.frozen {
+            for member in start {
+                tracing::debug!(to = %member.node, base = frozen.base.pos.index, "snapshot transfer");
+                leader.snapshots.insert(
+                    member.node.clone(),
+                    SnapshotSend {
+                        to: member,
+                        frozen: Arc::clone(frozen),
+                        acked: 0,
+                        sent: 0,
+                        progress: true,
+                    },
+                );
+            }
+        }
+        leader
+            .snapshots
+            .retain(|node, send| members.iter().any(|m| &m.node == node && *m == send.to));
+        if leader.snapshots.is_empty() {
+            leader.frozen = None;
+        }
+        let b = leader.b.clone();
+        let mut chunks = Vec::new();
+        for send in leader.snapshots.values_mut() {
+            if round {
+                if !send.progress {
+                    send.sent = send.acked;
+                }
+                send.progress = false;
+            }
+            let total = send.frozen.chunks();
+            while send.sent < total && send.sent < send.acked + SNAPSHOT_WINDOW {
+                let seq = send.sent;
+                let (pairs, last) = send.frozen.chunk(seq);
+                let base = send.frozen.base.pos.clone();
+                let config = send.frozen.base.config.clone();
+                let digest = snapshot_digest(&b, &base, &config, seq, &pairs, last);
+                let message = Message::Snapshot {
+                    b: b.clone(),
+                    base,
+                    config,
+                    seq,
+                    pairs,
+                    last,
+                    digest,
+                };
+                chunks.push((send.to.clone(), message));
+                send.sent += 1;
+            }
+        }
+        for (to, message) in chunks {
+            self.send(to, message, false);
+        }
+    }
+
+    /// R6 at the leader: a receiver acknowledged chunks, asked for a restart, or holds the
+    /// snapshot's state durably.
+    fn on_snapshot_ok(
+        &mut self,
+        now: Duration,
+        from: Member,
+        b: Ballot,
+        base: Pos,
+        next: u64,
+        done: bool,
+    ) {
+        let config = active(&self.durable, self.config_at);
+        if !config
+            .voters
+            .iter()
+            .chain(&config.learners)
+            .any(|m| self.same_member(m, &from))
+        {
+            return; // Not a member (I5).
+        }
+        let Role::Leader(leader) = &mut self.role else {
+            return;
+        };
+        if leader.b != b {
+            return;
+        }
+        let node = from.node.clone();
+        leader.last_ack.insert(node.clone(), now);
+        let ours = leader
+            .snapshots
+            .get(&node)
+            .is_some_and(|send| send.frozen.base.pos == base);
+        if done {
+            let known = leader.matched.entry(node.clone()).or_insert(0);
+            *known = (*known).max(base.index);
+            let next_index = leader.next.entry(node.clone()).or_insert(base.index + 1);
+            *next_index = (*next_index).max(base.index + 1);
+            if ours {
+                leader.snapshots.remove(&node);
+                if leader.snapshots.is_empty() {
+                    leader.frozen = None;
+                }
+            }
+            self.advance_commit(now);
+            self.progress_transfer(now);
+        } else if ours && let Some(send) = leader.snapshots.get_mut(&node) {
+            // Acknowledgements are cumulative. One below `acked` means the receiver lost its
+            // partial copy (a bad chunk, a restart): resend from there. Lost chunks are
+            // resent by the next round without progress.
+            let next = next.min(send.frozen.chunks());
+            if next > send.acked {
+                send.acked = next;
+                send.progress = true;
+                send.sent = send.sent.max(next);
+            } else if next < send.acked {
+                send.acked = next;
+                send.sent = next;
+            }
+        }
+        self.appends_wanted = true;
+    }
+
+    /// R6 at the receiver: follows R4's ballot rules, checks the chunk's digest, gathers
+    /// chunks in order in volatile state, and installs on the last one.
+    fn on_snapshot(&mut self, now: Duration, from: Member, b: Ballot, chunk: SnapshotChunk) {
+        self.highest_seen = self.highest_seen.max(b.n);
+        if self.durable.tombstone.is_some() {
+            return;
+        }
+        if let Some(promised) = &self.durable.promised
+            && b < *promised
+        {
+            let reason = NackReason::Higher(promised.clone());
+            self.send(from, Message::AppendNack { b, reason }, false);
+            return;
+        }
+        if self.durable.promised.as_ref() != Some(&b) {
+            self.promise(b.clone());
+        }
+        if self.leading_ballot() != Some(&b) {
+            self.step_down(now);
+        }
+        self.leader_hint = Some(b.node.clone());
+        self.last_heard = Some(now);
+        self.arm_election(now);
+        let reply = |next: u64, done: bool| Message::SnapshotOk {
+            b: b.clone(),
+            base: chunk.base.clone(),
+            next,
+            done,
+        };
+        let digest = snapshot_digest(
+            &b,
+            &chunk.base,
+            &chunk.config,
+            chunk.seq,
+            &chunk.pairs,
+            chunk.last,
+        );
+        if digest != chunk.digest {
+            tracing::debug!(seq = chunk.seq, "snapshot chunk with a bad digest");
+            self.incoming = None;
+            let message = reply(0, false);
+            self.send(from, message, false);
+            return;
+        }
+        if chunk.base.index <= self.durable.applied {
+            // This state, or a newer one, is already here.
+            if self
+                .incoming
+                .as_ref()
+                .is_some_and(|incoming| incoming.base.index <= self.durable.applied)
+            {
+                self.incoming = None;
+            }
+            let message = reply(0, true);
+            self.send(from, message, true);
+            return;
+        }
+        let fresh = self
+            .incoming
+            .as_ref()
+            .is_none_or(|incoming| incoming.b != b || incoming.base != chunk.base);
+        if fresh {
+            if chunk.seq != 0 {
+                let message = reply(0, false);
+                self.send(from, message, false);
+                return;
+            }
+            self.incoming = Some(SnapshotReceive {
+                b: b.clone(),
+                base: chunk.base.clone(),
+                config: chunk.config.clone(),
+                next: 0,
+                kv: BTreeMap::new(),
+                ahead: None,
+            });
+        }
+        let Some(incoming) = self.incoming.as_mut() else {
+            return;
+        };
+        if chunk.config != incoming.config {
+            // One leader's chunks of one base all carry its config: a forged or broken
+            // transfer; start over.
+            self.incoming = None;
+            let message = reply(0, false);
+            self.send(from, message, false);
+            return;
+        }
+        if chunk.seq != incoming.next {
+            if chunk.seq == incoming.next + 1 {
+                incoming.ahead = Some((chunk.seq, chunk.pairs, chunk.last));
+            }
+            // A duplicate or a gap: acknowledge what is here (cumulative).
+            let message = reply(incoming.next, false);
+            self.send(from, message, false);
+            return;
+        }
+        let mut last = chunk.last;
+        incoming.kv.extend(chunk.pairs);
+        incoming.next += 1;
+        if !last
+            && let Some((seq, pairs, ahead_last)) = incoming.ahead.take()
+            && seq == incoming.next
+        {
+            incoming.kv.extend(pairs);
+            incoming.next += 1;
+            last = ahead_last;
+        }
+        let next = incoming.next;
+        if !last {
+            let message = reply(next, false);
+            self.send(from, message, false);
+            return;
+        }
+        if let Some(incoming) = self.incoming.take() {
+            self.install(now, incoming);
+        }
+        let message = reply(next, true);
+        self.send(from, message, true);
+    }
+
+    /// Replaces log, state, `applied` and base with a received snapshot, in one change.
+    fn install(&mut self, now: Duration, incoming: SnapshotReceive) {
+        let base = Base {
+            pos: incoming.base,
+            config: incoming.config,
+        };
+        let index = base.pos.index;
+        tracing::debug!(base = index, keys = incoming.kv.len(), "snapshot installed");
+        self.durable.log.clear();
+        self.durable.kv = incoming.kv.clone();
+        self.durable.applied = index;
+        self.durable.base = base.clone();
+        self.commit = self.commit.max(index);
+        self.config_at = None;
+        self.durable_last = self.durable_last.min(index);
+        for (_, _, last) in self.unpersisted.iter_mut() {
+            *last = (*last).min(index);
+        }
+        self.open_batch.push(Change::InstallSnapshot {
+            base,
+            kv: incoming.kv,
+        });
+        self.arm_election(now);
+    }
+
+    /// Log compaction: once `compact_after` applied entries sit after the base, the base moves
+    /// up to the applied index; a leader keeps what the members it heard from within
+    /// `t_elect` still need, unless its log is over the hard cap.
+    fn maybe_compact(&mut self, now: Duration) {
+        let every = self.config.compact_after.max(1);
+        let base = self.durable.base.pos.index;
+        let applied = self.durable.applied;
+        if applied.saturating_sub(base) < every || self.durable.tombstone.is_some() {
+            return;
+        }
+        let over_cap =
+            self.durable.last().index.saturating_sub(base) > every.saturating_mul(COMPACT_HARD_CAP);
+        let mut upto = applied;
+        if let Role::Leader(leader) = &self.role
+            && !over_cap
+        {
+            if now.saturating_sub(leader.since) < self.config.t_elect {
+                return; // Not heard from every live follower yet.
+            }
+            let window_start = now.saturating_sub(self.config.t_elect);
+            let config = active(&self.durable, self.config_at);
+            for member in config.voters.iter().chain(&config.learners) {
+                let live = leader
+                    .last_ack
+                    .get(&member.node)
+                    .is_some_and(|at| *at >= window_start);
+                if member.node == self.me.node || !live {
+                    continue;
+                }
+                let needs = match leader.snapshots.get(&member.node) {
+                    Some(send) => send.frozen.base.pos.index,
+                    None => leader.matched.get(&member.node).copied().unwrap_or(0),
+                };
+                upto = upto.min(needs);
+            }
+        }
+        if upto <= base || (upto - base < (every / 2).max(1) && !over_cap) {
+            return;
+        }
+        let Some(pos) = self.durable.pos_at(upto) else {
+            return;
+        };
+        let new_base = Base {
+            pos,
+            config: self.durable.config_at(upto).clone(),
+        };
+        let drop = usize::try_from(upto - base)
+            .unwrap_or(usize::MAX)
+            .min(self.durable.log.len());
+        self.durable.log.drain(..drop);
+        self.durable.base = new_base.clone();
+        if self.config_at.is_some_and(|at| at <= upto) {
+            self.config_at = None;
+        }
+        self.open_batch.push(Change::Compact { base: new_base });
     }
 
     fn advance_commit(&mut self, now: Duration) {
@@ -1727,6 +2334,7 @@ impl ShardReplica {
         {
             self.heartbeat(now);
         }
+        self.maybe_compact(now);
         if !self.open_batch.is_empty() && self.open_since.is_none() {
             self.open_since = Some(now);
         }

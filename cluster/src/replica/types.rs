@@ -243,6 +243,87 @@ pub enum Message {
         /// The leader's ballot.
         b: Ballot,
     },
+    /// One chunk of the leader's state at `base` (R6), for a replica that needs entries the
+    /// leader has compacted. Chunks hold the key-value pairs in key order; `digest` is
+    /// [`snapshot_digest`] over every other field, checked before the chunk is used.
+    Snapshot {
+        /// The leader's ballot.
+        b: Ballot,
+        /// The position the state is at (an applied, hence committed, index).
+        base: Pos,
+        /// The config in force at `base`.
+        config: Config,
+        /// The chunk's number, from 0.
+        seq: u64,
+        /// Key-value pairs, in key order, after those of chunk `seq - 1`.
+        pairs: Vec<(Vec<u8>, Vec<u8>)>,
+        /// Whether this is the last chunk.
+        last: bool,
+        /// blake3 over the other fields.
+        digest: [u8; 32],
+    },
+    /// The answer to a `Snapshot` chunk.
+    SnapshotOk {
+        /// The leader's ballot.
+        b: Ballot,
+        /// The snapshot's position.
+        base: Pos,
+        /// The next chunk the receiver expects (0: restart the transfer).
+        next: u64,
+        /// The receiver durably holds the state at `base` (installed, or already applied):
+        /// the leader continues with `Append`s after `base`.
+        done: bool,
+    },
+}
+
+/// The digest a [`Message::Snapshot`] chunk carries: blake3 over its ballot, base, config,
+/// number, pairs and `last` flag, each length-prefixed.
+pub fn snapshot_digest(
+    b: &Ballot,
+    base: &Pos,
+    config: &Config,
+    seq: u64,
+    pairs: &[(Vec<u8>, Vec<u8>)],
+    last: bool,
+) -> [u8; 32] {
+    fn bytes(hasher: &mut blake3::Hasher, data: &[u8]) {
+        hasher.update(&(data.len() as u64).to_le_bytes());
+        hasher.update(data);
+    }
+    fn ballot(hasher: &mut blake3::Hasher, b: &Ballot) {
+        hasher.update(&b.n.to_le_bytes());
+        bytes(hasher, b.node.as_str().as_bytes());
+    }
+    fn members(hasher: &mut blake3::Hasher, members: &[Member]) {
+        hasher.update(&(members.len() as u64).to_le_bytes());
+        for member in members {
+            bytes(hasher, member.node.as_str().as_bytes());
+            hasher.update(&member.storage.0.to_le_bytes());
+        }
+    }
+    let mut hasher = blake3::Hasher::new();
+    hasher.update(b"slotring snapshot chunk v1");
+    ballot(&mut hasher, b);
+    match &base.ballot {
+        Some(base_ballot) => {
+            hasher.update(&[1]);
+            ballot(&mut hasher, base_ballot);
+        }
+        None => {
+            hasher.update(&[0]);
+        }
+    }
+    hasher.update(&base.index.to_le_bytes());
+    members(&mut hasher, &config.voters);
+    members(&mut hasher, &config.learners);
+    hasher.update(&seq.to_le_bytes());
+    hasher.update(&(pairs.len() as u64).to_le_bytes());
+    for (key, value) in pairs {
+        bytes(&mut hasher, key);
+        bytes(&mut hasher, value);
+    }
+    hasher.update(&[u8::from(last)]);
+    *hasher.finalize().as_bytes()
 }
 
 /// A client operation.

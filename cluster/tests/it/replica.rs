@@ -5,8 +5,8 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 use cluster::replica::{
-    BatchId, ClientOp, ClientReply, Config, Durable, Member, Outgoing, ReplicaConfig, RequestTag,
-    ShardReplica, StorageId,
+    BatchId, ClientOp, ClientReply, Config, Durable, Member, Message, Outgoing, ReplicaConfig,
+    RequestTag, ShardReplica, StorageId,
 };
 use rand::rngs::StdRng;
 use rand::{RngExt, SeedableRng};
@@ -29,6 +29,14 @@ pub(crate) struct Group {
     rng: StdRng,
     pub(crate) replies: BTreeMap<RequestTag, ClientReply>,
     pub(crate) seed: u64,
+    config: ReplicaConfig,
+    /// Snapshot chunks delivered to each replica.
+    pub(crate) chunks_to: Vec<usize>,
+    /// Changes each message just before delivery (corruption in flight).
+    pub(crate) tamper: Option<fn(&mut Message)>,
+    /// Messages to this replica are delivered only every this many milliseconds (a slow but
+    /// live follower).
+    pub(crate) slow: Option<(usize, u64)>,
 }
 
 impl Group {
@@ -38,6 +46,16 @@ impl Group {
 
     /// `size` voters, plus `spares` nodes with no state for the shard yet.
     pub(crate) fn with_spares(size: usize, spares: usize, seed: u64) -> Self {
+        Self::with_config(size, spares, seed, ReplicaConfig::default())
+    }
+
+    /// Like [`with_spares`](Self::with_spares), with the replicas' knobs.
+    pub(crate) fn with_config(
+        size: usize,
+        spares: usize,
+        seed: u64,
+        replica_config: ReplicaConfig,
+    ) -> Self {
         let config = Config {
             voters: (0..size).map(member).collect(),
             learners: Vec::new(),
@@ -54,7 +72,7 @@ impl Group {
                     42,
                     member(i),
                     durable,
-                    ReplicaConfig::default(),
+                    replica_config.clone(),
                     seed * 31 + i as u64,
                 ))
             })
@@ -75,6 +93,10 @@ impl Group {
             rng: StdRng::seed_from_u64(seed),
             replies: BTreeMap::new(),
             seed,
+            config: replica_config,
+            chunks_to: vec![0; size + spares],
+            tamper: None,
+            slow: None,
         }
     }
 
@@ -115,7 +137,7 @@ impl Group {
             42,
             member(i),
             self.saved[i].clone(),
-            ReplicaConfig::default(),
+            self.config.clone(),
             self.seed * 77 + i as u64,
         ));
     }
@@ -133,11 +155,27 @@ impl Group {
         while self.now < until {
             self.now += Duration::from_millis(1);
             let mut flights = std::mem::take(&mut self.flights);
+            let ms = self.now.as_millis() as u64;
             // Deliver in a seeded random order (reordering), a few each millisecond.
             while !flights.is_empty() {
                 let pick = self.rng.random_range(0..flights.len());
-                let (from, outgoing) = flights.swap_remove(pick);
+                let (from, mut outgoing) = flights.swap_remove(pick);
                 let to = (0..self.replicas.len()).find(|&i| member(i).node == outgoing.to.node);
+                if let (Some(to), Some((slow, every))) = (to, self.slow)
+                    && to == slow
+                    && !ms.is_multiple_of(every)
+                {
+                    self.flights.push((from, outgoing));
+                    continue;
+                }
+                if let Some(tamper) = self.tamper {
+                    tamper(&mut outgoing.message);
+                }
+                if let Some(to) = to
+                    && matches!(outgoing.message, Message::Snapshot { .. })
+                {
+                    self.chunks_to[to] += 1;
+                }
                 if let Some(to) = to
                     && let Some(replica) = self.replicas[to].as_mut()
                 {
@@ -412,7 +450,7 @@ fn an_append_contradicting_a_committed_entry_is_dropped_not_a_panic() {
         },
         tag: None,
     };
-    let message = cluster::replica::Message::Append {
+    let message = Message::Append {
         b: forged,
         prev: cluster::replica::Pos::ORIGIN,
         entries: vec![entry],
@@ -431,4 +469,307 @@ fn an_append_contradicting_a_committed_entry_is_dropped_not_a_panic() {
         before,
         "the committed log is untouched"
     );
+}
+
+// ---- R6: compaction and snapshots ----
+
+/// Knobs that make every log compact and every snapshot span many chunks.
+fn snapshot_config() -> ReplicaConfig {
+    ReplicaConfig {
+        compact_after: 8,
+        snapshot_chunk_bytes: 64,
+        ..ReplicaConfig::default()
+    }
+}
+
+fn put(key: u64) -> ClientOp {
+    ClientOp::Put {
+        key: format!("k{key:03}").into_bytes(),
+        value: format!("value-{key}").into_bytes(),
+    }
+}
+
+/// Writes keys `keys` through `leader`, one per millisecond; returns those acknowledged.
+fn write_keys(group: &mut Group, leader: usize, keys: std::ops::Range<u64>) -> Vec<u64> {
+    for key in keys.clone() {
+        group.client(leader, tag(key), put(key));
+        group.run(Duration::from_millis(1));
+    }
+    group.run(Duration::from_millis(50));
+    keys.filter(|key| group.replies.get(&tag(*key)) == Some(&ClientReply::Ok { value: None }))
+        .collect()
+}
+
+/// Every acknowledged key reads back its value through `leader`.
+fn read_back(group: &mut Group, leader: usize, acked: &[u64]) {
+    for &key in acked {
+        group.client(
+            leader,
+            tag(10_000 + key),
+            ClientOp::Get {
+                key: format!("k{key:03}").into_bytes(),
+            },
+        );
+    }
+    group.run(Duration::from_millis(50));
+    for &key in acked {
+        assert_eq!(
+            group.replies.get(&tag(10_000 + key)),
+            Some(&ClientReply::Ok {
+                value: Some(format!("value-{key}").into_bytes())
+            }),
+            "key {key}; seed {}",
+            group.seed
+        );
+    }
+}
+
+fn durable(group: &Group, i: usize) -> &Durable {
+    group.replicas[i].as_ref().unwrap().durable()
+}
+
+/// Runs a `Group` of 3 voters and a spare with [`snapshot_config`], writes 60 keys through
+/// the leader (n0), and asks for n3 as a fourth voter.
+fn grow_to_four(seed: u64) -> (Group, Vec<u64>) {
+    let mut group = Group::with_config(3, 1, seed, snapshot_config());
+    group.run(Duration::from_secs(1));
+    assert_eq!(group.leader(), Some(0), "seed {seed}");
+    let acked = write_keys(&mut group, 0, 0..60);
+    assert_eq!(acked.len(), 60, "seed {seed}");
+    assert!(
+        durable(&group, 0).base.pos.index > 8,
+        "the leader compacted its log; seed {seed}"
+    );
+    let target: Vec<Member> = (0..4).map(member).collect();
+    for i in 0..4 {
+        if let Some(replica) = group.replicas[i].as_mut() {
+            replica.handle_target(group.now, target.clone());
+        }
+    }
+    (group, acked)
+}
+
+/// n3 is a voter of `leader`'s config and holds the same state.
+fn assert_caught_up(group: &Group, leader: usize, learner: usize) {
+    let seed = group.seed;
+    let config = durable(group, leader).active_config();
+    assert!(
+        config.voters.contains(&member(learner)),
+        "n{learner} promoted: {config:?}; seed {seed}"
+    );
+    assert_eq!(
+        durable(group, learner).kv,
+        durable(group, leader).kv,
+        "seed {seed}"
+    );
+}
+
+#[test]
+fn a_new_replica_behind_the_base_gets_a_snapshot_in_chunks_and_is_promoted() {
+    for seed in seeds(10) {
+        let (mut group, mut acked) = grow_to_four(seed);
+        group.run(Duration::from_secs(2));
+        assert_eq!(group.leader(), Some(0), "seed {seed}");
+        assert!(
+            group.chunks_to[3] >= 10,
+            "a snapshot of many chunks: {}; seed {seed}",
+            group.chunks_to[3]
+        );
+        assert_eq!(
+            (group.chunks_to[1], group.chunks_to[2]),
+            (0, 0),
+            "live followers never need a snapshot; seed {seed}"
+        );
+        assert_caught_up(&group, 0, 3);
+        acked.extend(write_keys(&mut group, 0, 60..80));
+        assert_eq!(acked.len(), 80, "seed {seed}");
+        read_back(&mut group, 0, &acked);
+        assert_eq!(durable(&group, 3).kv, durable(&group, 0).kv, "seed {seed}");
+    }
+}
+
+fn corrupt_value(message: &mut Message) {
+    if let Message::Snapshot { pairs, digest, .. } = message {
+        match pairs.first_mut() {
+            Some((_, value)) if !value.is_empty() => value[0] ^= 1,
+            _ => digest[0] ^= 1,
+        }
+    }
+}
+
+fn corrupt_digest(message: &mut Message) {
+    if let Message::Snapshot { digest, .. } = message {
+        digest[31] ^= 0x80;
+    }
+}
+
+#[test]
+fn a_corrupted_snapshot_chunk_is_never_installed() {
+    for seed in seeds(6) {
+        let (mut group, acked) = grow_to_four(seed);
+        group.tamper = Some(if seed % 2 == 0 {
+            corrupt_value
+        } else {
+            corrupt_digest
+        });
+        group.run(Duration::from_secs(1));
+        assert!(group.chunks_to[3] > 0, "seed {seed}");
+        let n3 = durable(&group, 3);
+        assert!(
+            n3.kv.is_empty() && n3.applied == 0 && n3.base.pos.index == 0,
+            "nothing installed from corrupted chunks; seed {seed}"
+        );
+        assert!(!n3.active_config().voters.contains(&member(3)));
+        group.tamper = None;
+        group.run(Duration::from_secs(2));
+        assert_caught_up(&group, 0, 3);
+        read_back(&mut group, 0, &acked);
+    }
+}
+
+/// Runs until `n3` received at least `chunks` snapshot chunks.
+fn run_until_chunks(group: &mut Group, chunks: usize) {
+    let start = group.now;
+    while group.chunks_to[3] < chunks {
+        assert!(
+            group.now - start < Duration::from_secs(2),
+            "no snapshot; seed {}",
+            group.seed
+        );
+        group.run(Duration::from_millis(1));
+    }
+}
+
+#[test]
+fn a_learner_crashing_mid_snapshot_restarts_the_transfer() {
+    for seed in seeds(6) {
+        let (mut group, acked) = grow_to_four(seed);
+        run_until_chunks(&mut group, 4);
+        let n3 = durable(&group, 3);
+        assert!(
+            n3.kv.is_empty() && n3.applied == 0,
+            "a partial copy is never installed; seed {seed}"
+        );
+        group.crash(3);
+        group.run(Duration::from_millis(200));
+        group.restart(3);
+        group.run(Duration::from_secs(2));
+        assert_caught_up(&group, 0, 3);
+        read_back(&mut group, 0, &acked);
+    }
+}
+
+#[test]
+fn a_leader_crashing_mid_snapshot_leaves_the_transfer_to_the_next_leader() {
+    for seed in seeds(6) {
+        let (mut group, acked) = grow_to_four(seed);
+        run_until_chunks(&mut group, 4);
+        assert!(durable(&group, 3).kv.is_empty(), "seed {seed}");
+        group.crash(0);
+        group.run(Duration::from_secs(3));
+        let leader = group.leader().expect("a new leader");
+        assert_ne!(leader, 0);
+        assert_caught_up(&group, leader, 3);
+        read_back(&mut group, leader, &acked);
+        let more = write_keys(&mut group, leader, 100..110);
+        assert_eq!(more.len(), 10, "writes commit with n3 voting; seed {seed}");
+    }
+}
+
+#[test]
+fn a_follower_restarting_behind_the_base_gets_a_snapshot() {
+    for seed in seeds(6) {
+        let mut group = Group::with_config(3, 0, seed, snapshot_config());
+        group.run(Duration::from_secs(1));
+        assert_eq!(group.leader(), Some(0));
+        let mut acked = write_keys(&mut group, 0, 0..5);
+        group.crash(2);
+        group.run(Duration::from_millis(500));
+        acked.extend(write_keys(&mut group, 0, 5..60));
+        assert_eq!(acked.len(), 60, "seed {seed}");
+        assert!(durable(&group, 0).base.pos.index > 8, "seed {seed}");
+        group.restart(2);
+        group.run(Duration::from_secs(1));
+        assert!(group.chunks_to[2] > 0, "seed {seed}");
+        assert_eq!(durable(&group, 2).kv, durable(&group, 0).kv, "seed {seed}");
+        assert!(durable(&group, 2).applied > 8, "seed {seed}");
+        // n2 counts again: with n1 down, writes still commit.
+        group.crash(1);
+        let more = write_keys(&mut group, 0, 60..65);
+        assert_eq!(more.len(), 5, "seed {seed}");
+        acked.extend(more);
+        read_back(&mut group, 0, &acked);
+    }
+}
+
+#[test]
+fn compaction_keeps_the_entries_a_slow_live_follower_needs() {
+    for seed in seeds(6) {
+        let mut group = Group::with_config(3, 0, seed, snapshot_config());
+        group.run(Duration::from_secs(1));
+        assert_eq!(group.leader(), Some(0));
+        // n2 hears the leader only every 15 ms: live, but up to ~15 entries behind.
+        group.slow = Some((2, 15));
+        let mut lag = 0;
+        for key in 0..300 {
+            group.client(0, tag(key), put(key));
+            group.run(Duration::from_millis(1));
+            let leader = durable(&group, 0);
+            lag = lag.max(leader.last().index - durable(&group, 2).last().index);
+        }
+        group.run(Duration::from_millis(100));
+        assert!(
+            lag > 8,
+            "n2 lagged by more than compact_after: {lag}; seed {seed}"
+        );
+        assert!(durable(&group, 0).base.pos.index > 200, "seed {seed}");
+        assert_eq!(
+            group.chunks_to[2], 0,
+            "the leader kept what n2 needed; seed {seed}"
+        );
+        assert_eq!(durable(&group, 2).kv, durable(&group, 0).kv, "seed {seed}");
+    }
+}
+
+#[test]
+fn a_promise_carries_no_suffix_for_a_candidate_behind_the_base() {
+    let mut group = Group::with_config(3, 0, 4, snapshot_config());
+    group.run(Duration::from_secs(1));
+    assert_eq!(group.leader(), Some(0));
+    write_keys(&mut group, 0, 0..40);
+    let leader_ballot = group.replicas[0]
+        .as_ref()
+        .unwrap()
+        .established_ballot()
+        .cloned()
+        .unwrap();
+    let base = durable(&group, 1).base.pos.index;
+    assert!(base > 8, "n1 compacted its log");
+    let now = group.now;
+    let replica = group.replicas[1].as_mut().unwrap();
+    let mut suffix_for = |n: u64, commit: u64| {
+        let prepare = Message::Prepare {
+            b: cluster::replica::Ballot {
+                n: leader_ballot.n + n,
+                node: name(2),
+            },
+            last: cluster::replica::Pos::ORIGIN,
+            commit,
+            handoff_from: Some(leader_ballot.clone()),
+        };
+        replica.handle_message(now, member(2), member(1), prepare);
+        let mut promise = None;
+        while let Some(outgoing) = replica.poll_message() {
+            if let Message::Promise { suffix, .. } = outgoing.message {
+                promise = Some(suffix);
+            }
+        }
+        promise.expect("a promise")
+    };
+    // Below the base: the entries are compacted, so no suffix (the candidate hands over).
+    assert_eq!(suffix_for(1, base - 1), None);
+    // At the base: everything after it.
+    let suffix = suffix_for(2, base).expect("held");
+    assert_eq!(suffix.first().map(|e| e.index), Some(base + 1));
+    assert_eq!(suffix.len() as u64, durable(&group, 1).last().index - base);
 }

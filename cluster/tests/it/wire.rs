@@ -49,6 +49,44 @@ proptest! {
     }
 
     #[test]
+    fn snapshot_messages_roundtrip_and_corrupted_frames_never_panic(
+        n in 0u64..1000,
+        index in 0u64..1000,
+        seq in 0u64..100,
+        pairs in proptest::collection::vec(
+            (proptest::collection::vec(any::<u8>(), 0..16), proptest::collection::vec(any::<u8>(), 0..16)),
+            0..8,
+        ),
+        last in any::<bool>(),
+        flip in any::<usize>(),
+        bit in 0u8..8,
+        cut in any::<usize>(),
+    ) {
+        let batch = snapshot_batch(n, index, seq, pairs, last);
+        let bytes = wire::encode(&batch);
+        prop_assert_eq!(wire::decode::<cluster::replica::PeerBatch>(&bytes).unwrap(), batch);
+        // A flipped bit or a cut frame is an error or another valid frame; a host given
+        // whatever decodes never panics.
+        let mut flipped = bytes.clone();
+        let at = flip % flipped.len();
+        flipped[at] ^= 1 << bit;
+        let truncated = &bytes[..cut % (bytes.len() + 1)];
+        for frame in [flipped.as_slice(), truncated] {
+            if let Ok(decoded) = wire::decode::<cluster::replica::PeerBatch>(frame) {
+                let mut host = cluster::replica::ShardHost::new(
+                    name(2),
+                    cluster::replica::StorageId(9),
+                    cluster::replica::ReplicaConfig::default(),
+                    1,
+                );
+                host.handle_peer_batch(std::time::Duration::ZERO, decoded);
+                while host.poll_transmit().is_some() {}
+                while host.poll_persist().is_some() {}
+            }
+        }
+    }
+
+    #[test]
     fn shard_for_roundtrips(key in proptest::collection::vec(any::<u8>(), 0..64)) {
         let request = Request::ShardFor { key };
         let bytes = wire::encode(&request);
@@ -83,4 +121,68 @@ fn an_invalid_node_id_in_a_frame_is_an_error() {
     let at = bytes.iter().position(|&b| b == b'n').unwrap();
     bytes[at] = b' ';
     assert!(wire::decode::<Request>(&bytes).is_err());
+}
+
+/// A frame with one `Snapshot` chunk (valid digest) and one `SnapshotOk`.
+fn snapshot_batch(
+    n: u64,
+    index: u64,
+    seq: u64,
+    pairs: Vec<(Vec<u8>, Vec<u8>)>,
+    last: bool,
+) -> cluster::replica::PeerBatch {
+    use cluster::replica::{
+        Ballot, Config, Member, Message, PeerBatch, Pos, StorageId, snapshot_digest,
+    };
+    let b = Ballot { n, node: name(1) };
+    let base = Pos {
+        ballot: Some(b.clone()),
+        index,
+    };
+    let config = Config {
+        voters: vec![Member {
+            node: name(1),
+            storage: StorageId(7),
+        }],
+        learners: vec![Member {
+            node: name(2),
+            storage: StorageId(9),
+        }],
+    };
+    let digest = snapshot_digest(&b, &base, &config, seq, &pairs, last);
+    let to = Member {
+        node: name(2),
+        storage: StorageId(9),
+    };
+    PeerBatch {
+        from: Member {
+            node: name(1),
+            storage: StorageId(7),
+        },
+        messages: vec![
+            (
+                3,
+                to.clone(),
+                Message::Snapshot {
+                    b: b.clone(),
+                    base: base.clone(),
+                    config,
+                    seq,
+                    pairs,
+                    last,
+                    digest,
+                },
+            ),
+            (
+                3,
+                to,
+                Message::SnapshotOk {
+                    b,
+                    base,
+                    next: seq,
+                    done: last,
+                },
+            ),
+        ],
+    }
 }

@@ -445,28 +445,7 @@ fn client_op(client: u64, req: u64) -> ClientOp {
 /// Applies a batch to the disk image, as the shell's redb transaction would.
 fn apply(disk: &mut Durable, changes: &[Change]) {
     for change in changes {
-        match change {
-            Change::Promised(b) => disk.promised = Some(b.clone()),
-            Change::Truncate { from } => {
-                let keep = usize::try_from(from - 1 - disk.base.pos.index).expect("small");
-                disk.log.truncate(keep);
-            }
-            Change::Append(entries) => disk.log.extend(entries.iter().cloned()),
-            Change::Tombstone(tombstone) => {
-                disk.log.clear();
-                disk.kv.clear();
-                disk.tombstone = Some(tombstone.clone());
-            }
-            Change::Applied { index, writes } => {
-                for (key, value) in writes {
-                    match value {
-                        Some(value) => disk.kv.insert(key.clone(), value.clone()),
-                        None => disk.kv.remove(key),
-                    };
-                }
-                disk.applied = *index;
-            }
-        }
+        disk.apply_change(change);
     }
 }
 
