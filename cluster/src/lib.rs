@@ -12,6 +12,7 @@
 
 mod core;
 mod error;
+mod shards;
 pub mod identity;
 pub mod replica;
 pub mod spec;

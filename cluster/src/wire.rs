@@ -103,6 +103,11 @@ pub enum Request {
     },
     /// CLI: the membership list.
     Members,
+    /// A node's replication messages for the answering node (one frame, batched per peer).
+    Replicate(crate::replica::PeerBatch),
+    /// A client operation on one key; answered with [`Response::Client`] once the shard's
+    /// leader decides (the key's shard is computed by the answering node).
+    Client(crate::replica::ClientOp),
     /// CLI: per-node load.
     Status,
     /// CLI: per-node ring ownership.
@@ -148,6 +153,8 @@ pub enum Response {
     Status(StatusView),
     /// The answer to [`Request::Ring`].
     Ring(RingView),
+    /// The answer to [`Request::Client`].
+    Client(crate::replica::ClientReply),
 }
 
 /// A node named with its address.

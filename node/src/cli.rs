@@ -413,3 +413,50 @@ pub(crate) async fn check(query: &QueryArgs) -> Result<ExitCode> {
         ExitCode::FAILURE
     })
 }
+
+/// `node put|get|del KEY [VALUE]`: one operation through the client library, retried within
+/// `--timeout` where that is safe.
+pub(crate) async fn key_op(op: cluster::replica::ClientOp, query: &QueryArgs) -> Result<ExitCode> {
+    use crate::client::KvClient;
+    let endpoint = client(query)?;
+    let deadline = std::time::Instant::now() + query.timeout();
+    let key = match &op {
+        cluster::replica::ClientOp::Put { key, .. }
+        | cluster::replica::ClientOp::Get { key }
+        | cluster::replica::ClientOp::Del { key } => String::from_utf8_lossy(key).into_owned(),
+    };
+    let read = matches!(op, cluster::replica::ClientOp::Get { .. });
+    let mut kv = KvClient::new(endpoint, query.addr, query.timeout());
+    let outcome = kv.execute(op, deadline).await;
+    match (outcome, query.output) {
+        (Ok(value), Output::Json) => {
+            let mut answer = json!({"version": 1, "key": key, "ok": true});
+            if read {
+                answer["value"] = value
+                    .as_ref()
+                    .map_or(Value::Null, |v| Value::String(String::from_utf8_lossy(v).into_owned()));
+            }
+            print_json(&answer);
+            Ok(ExitCode::SUCCESS)
+        }
+        (Ok(value), Output::Table) => {
+            if read {
+                match value {
+                    Some(value) => say!("{}", String::from_utf8_lossy(&value)),
+                    None => say!("(nil)"),
+                }
+            } else {
+                say!("OK");
+            }
+            Ok(ExitCode::SUCCESS)
+        }
+        (Err(error), Output::Json) => {
+            print_json(&json!({"version": 1, "key": key, "ok": false, "error": error.to_string()}));
+            Ok(ExitCode::FAILURE)
+        }
+        (Err(error), Output::Table) => {
+            eprintln!("error: {error}");
+            Ok(ExitCode::FAILURE)
+        }
+    }
+}

@@ -5,8 +5,10 @@
 //! `docs/operator.md`.
 
 mod cli;
+mod client;
 mod daemon;
 mod datadir;
+mod store;
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -103,6 +105,29 @@ enum Command {
         #[command(flatten)]
         query: QueryArgs,
     },
+    /// Writes KEY := VALUE (acknowledged once a majority of the shard's replicas hold it).
+    Put {
+        /// The key (UTF-8 as typed, at most 1 KiB).
+        key: String,
+        /// The value (UTF-8 as typed, at most 1 MiB).
+        value: String,
+        #[command(flatten)]
+        query: QueryArgs,
+    },
+    /// Reads KEY (linearizable: from the shard's leader after a heartbeat round).
+    Get {
+        /// The key.
+        key: String,
+        #[command(flatten)]
+        query: QueryArgs,
+    },
+    /// Deletes KEY.
+    Del {
+        /// The key.
+        key: String,
+        #[command(flatten)]
+        query: QueryArgs,
+    },
 }
 
 #[derive(Debug, Subcommand)]
@@ -192,6 +217,25 @@ fn main() -> ExitCode {
         Some(Command::Status { query }) => runtime.block_on(cli::status(&query)),
         Some(Command::Ring { query }) => runtime.block_on(cli::ring(&query)),
         Some(Command::Check { query }) => runtime.block_on(cli::check(&query)),
+        Some(Command::Put { key, value, query }) => runtime.block_on(cli::key_op(
+            cluster::replica::ClientOp::Put {
+                key: key.into_bytes(),
+                value: value.into_bytes(),
+            },
+            &query,
+        )),
+        Some(Command::Get { key, query }) => runtime.block_on(cli::key_op(
+            cluster::replica::ClientOp::Get {
+                key: key.into_bytes(),
+            },
+            &query,
+        )),
+        Some(Command::Del { key, query }) => runtime.block_on(cli::key_op(
+            cluster::replica::ClientOp::Del {
+                key: key.into_bytes(),
+            },
+            &query,
+        )),
     };
     match result {
         Ok(code) => code,

@@ -630,6 +630,18 @@ impl ShardReplica {
         replica
     }
 
+    /// Writes the base (config and key-value state) into the open batch as one
+    /// `InstallSnapshot`: how a shard created on this node reaches the disk.
+    pub fn persist_base(&mut self, now: Duration) {
+        self.open_batch.push(Change::InstallSnapshot {
+            base: self.durable.base.clone(),
+            kv: self.durable.kv.clone(),
+        });
+        if self.open_since.is_none() {
+            self.open_since = Some(now);
+        }
+    }
+
     /// Breaks the protocol on purpose (tests of the model checker only).
     pub fn set_mutations(&mut self, mutations: Mutations) {
         self.mutations = mutations;

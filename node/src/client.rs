@@ -1,0 +1,224 @@
+//! The client library the CLI (and `node bench`) use: one key operation at a time, sent to
+//! the leader of the key's shard.
+//!
+//! Routing: the shard and its placement leader come from any node (`shard-for`), then every
+//! `moved` answer is followed to the leader it names. Retries: an attempt the cluster answered
+//! with `moved` or `unavailable` was never appended (PROTOCOL.md R10), and a request that never
+//! left this process was never seen, so both are retried until the deadline. A write that may
+//! have reached a leader without a definite answer (a timeout, a closed connection, or
+//! `indeterminate`) is *not* retried: it is reported as indeterminate, because it may yet
+//! commit. Reads are always safe to retry.
+//!
+//! What it deliberately does not do: no connection pooling beyond the endpoint's cache, no
+//! pipelining (a caller runs many operations concurrently with many clients), no
+//! deduplication of retried writes (none is ever retried once it may have been delivered).
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use cluster::replica::{ClientOp, ClientReply};
+use cluster::wire::{self, Request, Response};
+use topology::NodeId;
+use transport::Endpoint;
+
+/// Why an operation did not succeed.
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum KvError {
+    /// The shard had no reachable leader with a majority before the deadline; the operation
+    /// was not applied.
+    #[error("unavailable: no quorum for shard {shard}")]
+    Unavailable {
+        /// The key's shard.
+        shard: u16,
+    },
+    /// A write may or may not have been applied (its leader was lost before it answered).
+    #[error("indeterminate: the write may or may not have been applied ({why})")]
+    Indeterminate {
+        /// What happened.
+        why: String,
+    },
+    /// The node refused the request (a key or value over the limits, ...); nothing changed.
+    #[error("refused: {0}")]
+    Refused(String),
+    /// The node this client asks first could not be reached.
+    #[error("{0:#}")]
+    Unreachable(anyhow::Error),
+}
+
+/// A client of one cluster, reached through `seed`.
+pub(crate) struct KvClient {
+    endpoint: Endpoint,
+    seed: SocketAddr,
+    /// The longest one attempt may wait.
+    attempt_timeout: Duration,
+    /// Where nodes listen, as the seed last said.
+    addrs: HashMap<NodeId, SocketAddr>,
+    /// The leader that last answered for each shard.
+    leaders: HashMap<u16, SocketAddr>,
+}
+
+impl KvClient {
+    pub(crate) fn new(endpoint: Endpoint, seed: SocketAddr, attempt_timeout: Duration) -> Self {
+        KvClient {
+            endpoint,
+            seed,
+            attempt_timeout,
+            addrs: HashMap::new(),
+            leaders: HashMap::new(),
+        }
+    }
+
+    /// Runs `op` until it succeeds, fails definitely, or `deadline` passes.
+    pub(crate) async fn execute(
+        &mut self,
+        op: ClientOp,
+        deadline: Instant,
+    ) -> Result<Option<Vec<u8>>, KvError> {
+        let key = match &op {
+            ClientOp::Put { key, .. } | ClientOp::Get { key } | ClientOp::Del { key } => key,
+        };
+        let write = !matches!(op, ClientOp::Get { .. });
+        let (shard, placement_leader) = self.route(key, deadline).await?;
+        let mut target = self
+            .leaders
+            .get(&shard)
+            .copied()
+            .or(placement_leader)
+            .unwrap_or(self.seed);
+        let body = Bytes::from(wire::encode(&Request::Client(op)));
+        let mut backoff = Duration::from_millis(10);
+        let mut moves = 0;
+        loop {
+            let now = Instant::now();
+            if now >= deadline {
+                return Err(KvError::Unavailable { shard });
+            }
+            let timeout = (deadline - now).min(self.attempt_timeout);
+            let answer = self.endpoint.request(target, None, body.clone(), timeout).await;
+            let reply = match answer {
+                Ok(bytes) => match wire::decode::<Response>(&bytes) {
+                    Ok(Response::Client(reply)) => reply,
+                    Ok(Response::Refused { reason }) => return Err(KvError::Refused(reason)),
+                    Ok(other) => {
+                        return Err(KvError::Unreachable(anyhow::anyhow!(
+                            "unexpected answer from {target}: {other:?}"
+                        )));
+                    }
+                    Err(error) => {
+                        return Err(KvError::Unreachable(
+                            anyhow::Error::from(error).context(format!("decoding {target}'s answer")),
+                        ));
+                    }
+                },
+                Err(error) if write && !error.nothing_sent() => {
+                    return Err(KvError::Indeterminate {
+                        why: error.to_string(),
+                    });
+                }
+                Err(error) => {
+                    // Never delivered (or a read): ask again where the shard leads.
+                    tracing::debug!(%target, %error, "attempt failed");
+                    self.leaders.remove(&shard);
+                    tokio::time::sleep(backoff.min(deadline.saturating_duration_since(Instant::now()))).await;
+                    backoff = (backoff * 2).min(Duration::from_millis(200));
+                    target = match self.route(key, deadline).await {
+                        Ok((_, Some(leader))) if leader != target => leader,
+                        _ => self.seed,
+                    };
+                    continue;
+                }
+            };
+            match reply {
+                ClientReply::Ok { value } => {
+                    self.leaders.insert(shard, target);
+                    return Ok(value);
+                }
+                ClientReply::Moved {
+                    leader: Some(leader),
+                    ..
+                } => {
+                    moves += 1;
+                    match self.resolve(&leader, deadline).await {
+                        Some(addr) if addr != target && moves <= 3 => target = addr,
+                        _ => {
+                            // Bouncing between nodes whose views disagree: wait for them.
+                            tokio::time::sleep(backoff).await;
+                            backoff = (backoff * 2).min(Duration::from_millis(200));
+                            moves = 0;
+                            if let Some(addr) = self.resolve(&leader, deadline).await {
+                                target = addr;
+                            }
+                        }
+                    }
+                }
+                ClientReply::Moved { leader: None, .. } | ClientReply::Unavailable => {
+                    tokio::time::sleep(backoff).await;
+                    backoff = (backoff * 2).min(Duration::from_millis(200));
+                }
+                ClientReply::Indeterminate if !write => {}
+                ClientReply::Indeterminate => {
+                    return Err(KvError::Indeterminate {
+                        why: format!("shard {shard}'s leader lost its leadership"),
+                    });
+                }
+            }
+        }
+    }
+
+    /// The key's shard and its placement leader's address, from the seed.
+    async fn route(
+        &mut self,
+        key: &[u8],
+        deadline: Instant,
+    ) -> Result<(u16, Option<SocketAddr>), KvError> {
+        let request = Request::ShardFor { key: key.to_vec() };
+        match self.ask_seed(&request, deadline).await? {
+            Response::ShardFor(view) => {
+                let leader = view.leader.and_then(|leader| {
+                    if let Some(addr) = leader.addr {
+                        self.addrs.insert(leader.id.clone(), addr);
+                    }
+                    leader.addr
+                });
+                Ok((view.shard, leader))
+            }
+            Response::Refused { reason } => Err(KvError::Refused(reason)),
+            other => Err(KvError::Unreachable(anyhow::anyhow!(
+                "unexpected answer from {}: {other:?}",
+                self.seed
+            ))),
+        }
+    }
+
+    /// Where `node` listens, from the cache or the seed's membership list.
+    async fn resolve(&mut self, node: &NodeId, deadline: Instant) -> Option<SocketAddr> {
+        if let Some(addr) = self.addrs.get(node) {
+            return Some(*addr);
+        }
+        if let Ok(Response::Members(view)) = self.ask_seed(&Request::Members, deadline).await {
+            for member in view.members {
+                self.addrs.insert(member.id, member.addr);
+            }
+        }
+        self.addrs.get(node).copied()
+    }
+
+    async fn ask_seed(&self, request: &Request, deadline: Instant) -> Result<Response, KvError> {
+        let timeout = deadline
+            .saturating_duration_since(Instant::now())
+            .min(self.attempt_timeout)
+            .max(Duration::from_millis(1));
+        let answer = self
+            .endpoint
+            .request(self.seed, None, Bytes::from(wire::encode(request)), timeout)
+            .await
+            .map_err(|error| {
+                KvError::Unreachable(anyhow::Error::from(error).context(format!("asking {}", self.seed)))
+            })?;
+        wire::decode::<Response>(&answer).map_err(|error| {
+            KvError::Unreachable(anyhow::Error::from(error).context(format!("decoding {}'s answer", self.seed)))
+        })
+    }
+}
