@@ -7,6 +7,7 @@
 mod cli;
 mod daemon;
 mod datadir;
+mod store;
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
