@@ -77,10 +77,10 @@ impl KvClient {
         deadline: Instant,
     ) -> Result<Option<Vec<u8>>, KvError> {
         let key = match &op {
-            ClientOp::Put { key, .. } | ClientOp::Get { key } | ClientOp::Del { key } => key,
+            ClientOp::Put { key, .. } | ClientOp::Get { key } | ClientOp::Del { key } => key.clone(),
         };
         let write = !matches!(op, ClientOp::Get { .. });
-        let (shard, placement_leader) = self.route(key, deadline).await?;
+        let (shard, placement_leader) = self.route(&key, deadline).await?;
         let mut target = self
             .leaders
             .get(&shard)
@@ -123,7 +123,7 @@ impl KvClient {
                     self.leaders.remove(&shard);
                     tokio::time::sleep(backoff.min(deadline.saturating_duration_since(Instant::now()))).await;
                     backoff = (backoff * 2).min(Duration::from_millis(200));
-                    target = match self.route(key, deadline).await {
+                    target = match self.route(&key, deadline).await {
                         Ok((_, Some(leader))) if leader != target => leader,
                         _ => self.seed,
                     };
