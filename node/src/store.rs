@@ -33,7 +33,7 @@ use std::collections::BTreeMap;
 use std::collections::btree_map::Entry as MapEntry;
 use std::ops::Bound;
 use std::path::{Path, PathBuf};
-use std::sync::mpsc;
+use std::sync::{Arc, mpsc};
 use std::thread::JoinHandle;
 
 use anyhow::{Context, Result, anyhow, bail};
@@ -125,7 +125,8 @@ pub(crate) struct Opened {
 /// The shard database. One per node; not shared between threads (see [`StoreWorker`]).
 #[derive(Debug)]
 pub(crate) struct Store {
-    db: Database,
+    /// Shared with the [`StoreHandle`], whose snapshots read while the worker writes.
+    db: Arc<Database>,
     path: PathBuf,
 }
 
@@ -141,7 +142,7 @@ impl Store {
             init_meta(&db).with_context(|| format!("reading the shard store {shown}"))?;
         let shards = load(&db).with_context(|| format!("loading the shards of {shown}"))?;
         let store = Store {
-            db,
+            db: Arc::new(db),
             path: path.to_owned(),
         };
         Ok(Opened {
@@ -221,12 +222,7 @@ impl Store {
     /// A consistent view of one shard's key-value pairs (a redb read transaction): what a
     /// leader streams to a learner (R6). Later commits do not change it.
     pub(crate) fn read_snapshot(&self, shard: u16) -> Result<ShardSnapshot> {
-        let txn = self
-            .db
-            .begin_read()
-            .context("starting a read transaction")?;
-        let kv = txn.open_table(KV).context("opening the kv table")?;
-        Ok(ShardSnapshot { shard, kv })
+        read_snapshot(&self.db, shard)
     }
 
     fn begin_write(&self) -> Result<WriteTransaction> {
@@ -240,6 +236,12 @@ impl Store {
             .context("asking for immediate durability")?;
         Ok(txn)
     }
+}
+
+fn read_snapshot(db: &Database, shard: u16) -> Result<ShardSnapshot> {
+    let txn = db.begin_read().context("starting a read transaction")?;
+    let kv = txn.open_table(KV).context("opening the kv table")?;
+    Ok(ShardSnapshot { shard, kv })
 }
 
 /// One shard's key-value pairs as of one read transaction, in key order.
@@ -588,6 +590,7 @@ impl StoreWorker {
     /// durable. After a failed commit the thread reports the error and stops: the node must
     /// then abort (R0), since what reached the disk is unknown.
     pub(crate) fn spawn(mut store: Store) -> Result<StoreHandle> {
+        let db = Arc::clone(&store.db);
         let (submit, batches) = mpsc::channel::<HostPersist>();
         let (report, durable) = tokio_mpsc::unbounded_channel();
         let thread = std::thread::Builder::new()
@@ -603,6 +606,7 @@ impl StoreWorker {
             })
             .context("starting the store thread")?;
         Ok(StoreHandle {
+            db,
             submit: Some(submit),
             durable,
             thread: Some(thread),
@@ -614,6 +618,7 @@ impl StoreWorker {
 /// is committing, if any (the drop waits for that).
 #[derive(Debug)]
 pub(crate) struct StoreHandle {
+    db: Arc<Database>,
     submit: Option<mpsc::Sender<HostPersist>>,
     durable: tokio_mpsc::UnboundedReceiver<Result<HostBatchId>>,
     thread: Option<JoinHandle<()>>,
@@ -628,6 +633,12 @@ impl StoreHandle {
             .as_ref()
             .and_then(|submit| submit.send(persist).ok())
             .ok_or_else(|| anyhow!("the store thread has stopped; batch {batch} was not queued"))
+    }
+
+    /// [`Store::read_snapshot`], while the worker commits: the view holds what was durable
+    /// when it was taken.
+    pub(crate) fn read_snapshot(&self, shard: u16) -> Result<ShardSnapshot> {
+        read_snapshot(&self.db, shard)
     }
 
     /// The next batch made durable, in submission order; an error if its commit failed (the

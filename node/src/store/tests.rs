@@ -559,6 +559,18 @@ async fn the_worker_reports_batches_in_order_then_stops_on_drop() {
     for expected in 0..20 {
         assert_eq!(handle.durable().await.unwrap(), HostBatchId(expected));
     }
+    // A snapshot through the handle sees every durable batch: the last one's values.
+    let pairs = handle
+        .read_snapshot(3)
+        .unwrap()
+        .chunk(None, usize::MAX)
+        .unwrap();
+    assert_eq!(pairs.len(), 16);
+    assert!(
+        pairs
+            .iter()
+            .all(|(_, value)| *value == 19u64.to_le_bytes().repeat(12))
+    );
     // Dropping the handle joins the thread, which closes the database: it opens again here.
     drop(handle);
     assert_eq!(reopen(&dir.db()).shards, model.shards);
