@@ -329,10 +329,14 @@ impl Cluster {
             StdRng::seed_from_u64(seed),
             PostcardCodec,
         );
+        let replica_config = ReplicaConfig {
+            min_voters: usize::from(spec.table.replication_factor.get()),
+            ..config.replica.clone()
+        };
         let host = ShardHost::new(
             identity.node_id.clone(),
             identity.meta.storage,
-            config.replica.clone(),
+            replica_config,
             seed ^ 0x0005_11a2_d000,
         );
         let placer = Placer::new(spec.table);

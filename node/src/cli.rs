@@ -426,7 +426,8 @@ pub(crate) async fn key_op(op: cluster::replica::ClientOp, query: &QueryArgs) ->
         | cluster::replica::ClientOp::Del { key } => String::from_utf8_lossy(key).into_owned(),
     };
     let read = matches!(op, cluster::replica::ClientOp::Get { .. });
-    let mut kv = KvClient::new(endpoint, query.addr, query.timeout());
+    let attempt = query.timeout().min(std::time::Duration::from_secs(1));
+    let mut kv = KvClient::new(endpoint, query.addr, attempt);
     let outcome = kv.execute(op, deadline).await;
     match (outcome, query.output) {
         (Ok(value), Output::Json) => {

@@ -409,6 +409,7 @@ impl<'txn> Tables<'txn> {
                 cursor.row.applied = new_base.pos.index;
                 cursor.row.base_pos = new_base.pos.clone();
                 cursor.row.base_config = new_base.config.clone();
+                cursor.row.tombstone = None;
             }
         }
         Ok(())

@@ -54,6 +54,10 @@ pub struct ReplicaConfig {
     /// travels alone). Up to `SNAPSHOT_WINDOW` (2) chunks per replica are in flight, and
     /// frames are at most 4 MiB, so keep it at or under 1 MiB. Default 1 MiB.
     pub snapshot_chunk_bytes: usize,
+    /// The fewest voters a leader keeps while the target names fewer members (the replication
+    /// factor): a voter that is down is not removed until a replacement has been added, so a
+    /// short outage never moves data. Default 3.
+    pub min_voters: usize,
 }
 
 impl Default for ReplicaConfig {
@@ -68,6 +72,7 @@ impl Default for ReplicaConfig {
             max_append: 256,
             compact_after: 10_000,
             snapshot_chunk_bytes: 1 << 20,
+            min_voters: 3,
         }
     }
 }
@@ -207,6 +212,7 @@ impl Durable {
                 self.kv = kv.clone();
                 self.applied = base.pos.index;
                 self.base = base.clone();
+                self.tombstone = None;
             }
         }
     }
@@ -1319,8 +1325,8 @@ impl ShardReplica {
         hb_seq: u64,
     ) {
         self.highest_seen = self.highest_seen.max(b.n);
-        if self.durable.tombstone.is_some() {
-            return; // Removed for good (R8); a new copy would be a new learner.
+        if !self.revive_for(now, &b) {
+            return; // Removed (R8), and not by a leader that re-added it.
         }
         if let Some(promised) = &self.durable.promised
             && b < *promised
@@ -1685,11 +1691,49 @@ impl ShardReplica {
         self.appends_wanted = true;
     }
 
+    /// R8's "returns only as a new learner": a tombstoned replica takes `Append`s or a
+    /// snapshot only from a leader of a ballot at least that of the config that removed it
+    /// (such a leader holds that config, so a config naming this replica again is a later
+    /// one: a re-add). It then starts over empty, keeping its promise, in one durable change.
+    /// Returns whether the replica may go on (it is not, or no longer, tombstoned).
+    fn revive_for(&mut self, now: Duration, b: &Ballot) -> bool {
+        let Some(tombstone) = &self.durable.tombstone else {
+            return true;
+        };
+        let removed_at = tombstone.last.ballot.as_ref();
+        let newer = removed_at.is_none_or(|removed| b >= removed)
+            && tombstone.promised.as_ref().is_none_or(|promised| b >= promised);
+        if !newer {
+            return false;
+        }
+        let base = Base {
+            pos: Pos::ORIGIN,
+            config: Config::default(),
+        };
+        self.durable.promised = self.durable.promised.clone().or(tombstone.promised.clone());
+        self.durable.tombstone = None;
+        self.durable.log.clear();
+        self.durable.kv.clear();
+        self.durable.applied = 0;
+        self.durable.base = base.clone();
+        self.config_at = None;
+        self.commit = 0;
+        self.durable_last = 0;
+        self.open_batch.push(Change::InstallSnapshot {
+            base,
+            kv: BTreeMap::new(),
+        });
+        if self.open_since.is_none() {
+            self.open_since = Some(now);
+        }
+        true
+    }
+
     /// R6 at the receiver: follows R4's ballot rules, checks the chunk's digest, gathers
     /// chunks in order in volatile state, and installs on the last one.
     fn on_snapshot(&mut self, now: Duration, from: Member, b: Ballot, chunk: SnapshotChunk) {
         self.highest_seen = self.highest_seen.max(b.n);
-        if self.durable.tombstone.is_some() {
+        if !self.revive_for(now, &b) {
             return;
         }
         if let Some(promised) = &self.durable.promised
@@ -2015,6 +2059,7 @@ impl ShardReplica {
             .voters
             .iter()
             .find(|v| !target.contains(v) && v.node != self.me.node)
+            .filter(|_| active.voters.len() > self.config.min_voters.max(1))
         {
             next.voters.retain(|v| v != old);
         } else if target.first() != Some(&self.me) {

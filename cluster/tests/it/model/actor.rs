@@ -172,6 +172,8 @@ fn replica_config(knobs: Knobs) -> ReplicaConfig {
         heartbeat: Duration::from_millis(100),
         t_disk: Duration::from_secs(3600),
         max_append: knobs.max_append,
+        // Placement policy, not protocol: the models remove voters down to two (M4).
+        min_voters: 2,
         ..ReplicaConfig::default()
     }
 }
