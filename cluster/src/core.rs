@@ -658,7 +658,9 @@ impl Cluster {
             Request::Members => Response::Members(self.members()),
             Request::Replicate(batch) => {
                 if from != Some(&batch.from.node) {
-                    return refuse("replication messages only from the node that sends them".into());
+                    return refuse(
+                        "replication messages only from the node that sends them".into(),
+                    );
                 }
                 self.host.handle_peer_batch(now, batch);
                 Response::Ack

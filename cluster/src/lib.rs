@@ -12,9 +12,9 @@
 
 mod core;
 mod error;
-mod shards;
 pub mod identity;
 pub mod replica;
+mod shards;
 pub mod spec;
 mod timers;
 pub mod wire;

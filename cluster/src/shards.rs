@@ -153,7 +153,9 @@ impl Cluster {
         if let Some(reply) = self.client_replies.pop_front() {
             return Some(reply);
         }
-        self.host.poll_reply().map(|(_, tag, reply)| (tag.req, reply))
+        self.host
+            .poll_reply()
+            .map(|(_, tag, reply)| (tag.req, reply))
     }
 
     /// The next group commit to make durable (one transaction for all shards); report it with

@@ -433,9 +433,9 @@ pub(crate) async fn key_op(op: cluster::replica::ClientOp, query: &QueryArgs) ->
         (Ok(value), Output::Json) => {
             let mut answer = json!({"version": 1, "key": key, "ok": true});
             if read {
-                answer["value"] = value
-                    .as_ref()
-                    .map_or(Value::Null, |v| Value::String(String::from_utf8_lossy(v).into_owned()));
+                answer["value"] = value.as_ref().map_or(Value::Null, |v| {
+                    Value::String(String::from_utf8_lossy(v).into_owned())
+                });
             }
             print_json(&answer);
             Ok(ExitCode::SUCCESS)

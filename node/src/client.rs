@@ -77,7 +77,9 @@ impl KvClient {
         deadline: Instant,
     ) -> Result<Option<Vec<u8>>, KvError> {
         let key = match &op {
-            ClientOp::Put { key, .. } | ClientOp::Get { key } | ClientOp::Del { key } => key.clone(),
+            ClientOp::Put { key, .. } | ClientOp::Get { key } | ClientOp::Del { key } => {
+                key.clone()
+            }
         };
         let write = !matches!(op, ClientOp::Get { .. });
         let (shard, placement_leader) = self.route(&key, deadline).await?;
@@ -96,7 +98,10 @@ impl KvClient {
                 return Err(KvError::Unavailable { shard });
             }
             let timeout = (deadline - now).min(self.attempt_timeout);
-            let answer = self.endpoint.request(target, None, body.clone(), timeout).await;
+            let answer = self
+                .endpoint
+                .request(target, None, body.clone(), timeout)
+                .await;
             let reply = match answer {
                 Ok(bytes) => match wire::decode::<Response>(&bytes) {
                     Ok(Response::Client(reply)) => reply,
@@ -108,7 +113,8 @@ impl KvClient {
                     }
                     Err(error) => {
                         return Err(KvError::Unreachable(
-                            anyhow::Error::from(error).context(format!("decoding {target}'s answer")),
+                            anyhow::Error::from(error)
+                                .context(format!("decoding {target}'s answer")),
                         ));
                     }
                 },
@@ -121,7 +127,10 @@ impl KvClient {
                     // Never delivered (or a read): ask again where the shard leads.
                     tracing::debug!(%target, %error, "attempt failed");
                     self.leaders.remove(&shard);
-                    tokio::time::sleep(backoff.min(deadline.saturating_duration_since(Instant::now()))).await;
+                    tokio::time::sleep(
+                        backoff.min(deadline.saturating_duration_since(Instant::now())),
+                    )
+                    .await;
                     backoff = (backoff * 2).min(Duration::from_millis(200));
                     target = match self.route(&key, deadline).await {
                         Ok((_, Some(leader))) if leader != target => leader,
@@ -215,10 +224,14 @@ impl KvClient {
             .request(self.seed, None, Bytes::from(wire::encode(request)), timeout)
             .await
             .map_err(|error| {
-                KvError::Unreachable(anyhow::Error::from(error).context(format!("asking {}", self.seed)))
+                KvError::Unreachable(
+                    anyhow::Error::from(error).context(format!("asking {}", self.seed)),
+                )
             })?;
         wire::decode::<Response>(&answer).map_err(|error| {
-            KvError::Unreachable(anyhow::Error::from(error).context(format!("decoding {}'s answer", self.seed)))
+            KvError::Unreachable(
+                anyhow::Error::from(error).context(format!("decoding {}'s answer", self.seed)),
+            )
         })
     }
 }

@@ -1702,7 +1702,10 @@ impl ShardReplica {
         };
         let removed_at = tombstone.last.ballot.as_ref();
         let newer = removed_at.is_none_or(|removed| b >= removed)
-            && tombstone.promised.as_ref().is_none_or(|promised| b >= promised);
+            && tombstone
+                .promised
+                .as_ref()
+                .is_none_or(|promised| b >= promised);
         if !newer {
             return false;
         }
