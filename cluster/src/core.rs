@@ -645,17 +645,26 @@ impl Cluster {
                     ));
                 }
                 let shard = self.table.shard_for(&key);
-                let leader = self
-                    .table
-                    .shard_info(shard)
-                    .ok()
-                    .and_then(|info| info.leader().map(|id| self.node_ref(id)));
+                // The actual leader as this node's replica knows it, else placement's.
+                let actual = self
+                    .host
+                    .replica(shard.get())
+                    .and_then(|replica| replica.leader_hint().cloned());
+                let leader = actual
+                    .or_else(|| {
+                        self.table
+                            .shard_info(shard)
+                            .ok()
+                            .and_then(|info| info.leader().cloned())
+                    })
+                    .map(|id| self.node_ref(&id));
                 Response::ShardFor(ShardForView {
                     shard: shard.get(),
                     leader,
                 })
             }
             Request::Members => Response::Members(self.members()),
+            Request::ShardDigests => Response::ShardDigests(self.shard_digests()),
             Request::Replicate(batch) => {
                 if from != Some(&batch.from.node) {
                     return refuse(
@@ -991,12 +1000,27 @@ impl Cluster {
             .map(|(rank, node)| ReplicaView {
                 node: self.node_ref(node),
                 role: if rank == 0 { "leader" } else { "follower" }.to_owned(),
+                index: None,
             })
             .collect();
+        let mut state = if info.is_assigned() {
+            "stable"
+        } else {
+            "no-quorum"
+        };
+        let (mut epoch, mut commit) = (None, None);
         if let Some(replica) = self.host.replica(id.get()) {
             // This node holds the shard: its replica's view of the actual config.
             let config = replica.durable().active_config();
             let hint = replica.leader_hint();
+            let me = &self.identity().node_id;
+            let index_of = |node: &NodeId| {
+                if node == me {
+                    Some(replica.durable().applied)
+                } else {
+                    replica.matched(node)
+                }
+            };
             leader = hint.map(|node| self.node_ref(node));
             replicas = config
                 .voters
@@ -1005,24 +1029,28 @@ impl Cluster {
                 .map(|(member, leads)| ReplicaView {
                     node: self.node_ref(&member.node),
                     role: if leads { "leader" } else { "follower" }.to_owned(),
+                    index: index_of(&member.node),
                 })
                 .chain(config.learners.iter().map(|member| ReplicaView {
                     node: self.node_ref(&member.node),
                     role: "learner".to_owned(),
+                    index: index_of(&member.node),
                 }))
                 .collect();
             replicas.sort_by_key(|view| view.role != "leader");
+            epoch = replica.durable().promised.as_ref().map(ToString::to_string);
+            commit = Some(replica.commit());
+            if hint.is_none() {
+                state = "no-quorum";
+            }
         }
         Ok(ShardInfoView {
             shard: id.get(),
-            state: if info.is_assigned() {
-                "stable"
-            } else {
-                "no-quorum"
-            }
-            .to_owned(),
+            state: state.to_owned(),
             leader,
             replicas,
+            epoch,
+            commit,
             target: info.replicas().map(ToString::to_string).collect(),
             digest: self.digest.to_string(),
         })

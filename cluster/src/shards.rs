@@ -20,7 +20,7 @@ use crate::replica::{
     ClientOp, ClientReply, Config, Durable, HostBatchId, HostPersist, Member, RequestTag,
     ShardHost, StorageId,
 };
-use crate::wire::MAX_KEY_LEN;
+use crate::wire::{MAX_KEY_LEN, ShardDigest};
 
 impl Cluster {
     /// Restarts the shards this node's disk holds.
@@ -167,6 +167,30 @@ impl Cluster {
     /// Group commit `batch` is durable.
     pub fn handle_persisted(&mut self, now: Duration, batch: HostBatchId) {
         self.host.handle_persisted(now, batch);
+    }
+
+    /// Each held replica's applied index and a checksum of its key-value state (tombstoned
+    /// replicas are left out).
+    pub fn shard_digests(&self) -> Vec<ShardDigest> {
+        self.host
+            .replicas()
+            .filter(|(_, replica)| replica.durable().tombstone.is_none())
+            .map(|(shard, replica)| {
+                let durable = replica.durable();
+                let mut hasher = blake3::Hasher::new();
+                for (key, value) in &durable.kv {
+                    hasher.update(&(key.len() as u64).to_le_bytes());
+                    hasher.update(key);
+                    hasher.update(&(value.len() as u64).to_le_bytes());
+                    hasher.update(value);
+                }
+                ShardDigest {
+                    shard,
+                    applied: durable.applied,
+                    checksum: *hasher.finalize().as_bytes(),
+                }
+            })
+            .collect()
     }
 
     /// Every shard replica this node holds.

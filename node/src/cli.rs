@@ -137,34 +137,43 @@ pub(crate) async fn shard_info(shard: u32, query: &QueryArgs) -> Result<ExitCode
         Output::Json => print_json(&json!({
             "version": 1,
             "shard": view.shard,
-            "epoch": Value::Null,
+            "epoch": view.epoch,
+            "commit": view.commit,
             "state": view.state,
             "leader": node_json(&view.leader),
             "replicas": view.replicas.iter().map(|r| json!({
                 "id": r.node.id.as_str(),
                 "addr": r.node.addr.map(|a| a.to_string()),
                 "role": r.role,
+                "index": r.index,
             })).collect::<Vec<_>>(),
             "target": view.target,
             "digest": view.digest,
         })),
         Output::Table => {
             say!(
-                "shard {}  state {}  (table {})",
+                "shard {}  state {}  epoch {}  commit {}  (table {})",
                 view.shard,
                 view.state,
+                view.epoch.as_deref().unwrap_or("-"),
+                view.commit
+                    .map_or_else(|| "-".to_owned(), |c| c.to_string()),
                 &view.digest[..16]
             );
             let mut rows = vec![vec![
                 "ROLE".to_owned(),
                 "NODE".to_owned(),
                 "ADDRESS".to_owned(),
+                "INDEX".to_owned(),
             ]];
             for replica in &view.replicas {
                 rows.push(vec![
                     replica.role.clone(),
                     replica.node.id.to_string(),
                     addr_text(&replica.node),
+                    replica
+                        .index
+                        .map_or_else(|| "-".to_owned(), |index| index.to_string()),
                 ]);
             }
             emit(&table(&rows));
@@ -385,6 +394,54 @@ pub(crate) async fn check(query: &QueryArgs) -> Result<ExitCode> {
             &view.digest[..16]
         ),
     ));
+    // Replica checksums: replicas of a shard at the same applied index must hold the same state.
+    let mut replicas: std::collections::BTreeMap<u16, Vec<(String, u64, [u8; 32])>> =
+        std::collections::BTreeMap::new();
+    for node in &live {
+        match ask(&endpoint, node.member.addr, &Request::ShardDigests, query).await {
+            Ok(Response::ShardDigests(digests)) => {
+                for digest in digests {
+                    replicas.entry(digest.shard).or_default().push((
+                        node.member.id.to_string(),
+                        digest.applied,
+                        digest.checksum,
+                    ));
+                }
+            }
+            Ok(_) => checks.push((false, format!("{} answered digests oddly", node.member.id))),
+            Err(error) => checks.push((
+                false,
+                format!("{} gave no shard digests: {error:#}", node.member.id),
+            )),
+        }
+    }
+    let (mut compared, mut mismatched) = (0, Vec::new());
+    for (shard, copies) in &replicas {
+        for (i, (a, applied_a, sum_a)) in copies.iter().enumerate() {
+            for (b, applied_b, sum_b) in &copies[i + 1..] {
+                if applied_a == applied_b {
+                    compared += 1;
+                    if sum_a != sum_b {
+                        mismatched
+                            .push(format!("shard {shard}: {a} and {b} differ at {applied_a}"));
+                    }
+                }
+            }
+        }
+    }
+    if mismatched.is_empty() {
+        checks.push((
+            true,
+            format!(
+                "{compared} replica pairs at equal applied index hold equal state ({} shards held)",
+                replicas.len()
+            ),
+        ));
+    } else {
+        for message in mismatched {
+            checks.push((false, message));
+        }
+    }
     let down: Vec<String> = view
         .nodes
         .iter()

@@ -119,6 +119,12 @@ impl KvClient {
                     }
                 },
                 Err(error) if write && !error.nothing_sent() => {
+                    // The leader may be gone: ask again next time; after a timeout, on a new
+                    // connection (QUIC does not notice a dead peer before its idle timeout).
+                    self.leaders.remove(&shard);
+                    if matches!(error, transport::RequestError::Timeout { .. }) {
+                        self.endpoint.forget(target);
+                    }
                     return Err(KvError::Indeterminate {
                         why: error.to_string(),
                     });
@@ -127,6 +133,9 @@ impl KvClient {
                     // Never delivered (or a read): ask again where the shard leads.
                     tracing::debug!(%target, %error, "attempt failed");
                     self.leaders.remove(&shard);
+                    if matches!(error, transport::RequestError::Timeout { .. }) {
+                        self.endpoint.forget(target);
+                    }
                     tokio::time::sleep(
                         backoff.min(deadline.saturating_duration_since(Instant::now())),
                     )

@@ -701,6 +701,14 @@ impl ShardReplica {
         }
     }
 
+    /// As a leader, the index `node` acknowledged holding; `None` otherwise.
+    pub fn matched(&self, node: &NodeId) -> Option<u64> {
+        match &self.role {
+            Role::Leader(leader) => leader.matched.get(node).copied(),
+            _ => None,
+        }
+    }
+
     /// As a leader, the members whose promises opened its ballot (R2.3); else empty.
     pub fn promisers(&self) -> &[Member] {
         match &self.role {
