@@ -671,7 +671,12 @@ impl Cluster {
                         "replication messages only from the node that sends them".into(),
                     );
                 }
+                let held = self.host.replicas().count();
                 self.host.handle_peer_batch(now, batch);
+                if self.host.replicas().count() != held {
+                    // A leader created a replica here: give it its target now.
+                    self.refresh_targets(now);
+                }
                 Response::Ack
             }
             Request::Client(_) => {

@@ -25,6 +25,8 @@ const PEER_REQUEST_TIMEOUT: Duration = Duration::from_secs(2);
 const SAVED_PEERS_PATIENCE: Duration = Duration::from_secs(3);
 /// How often a node that is alone asks its saved peers again.
 const SAVED_PEERS_RETRY: Duration = Duration::from_secs(5);
+/// The most inbound messages handled in one turn of the loop (datagrams first).
+const INBOUND_BATCH: usize = 256;
 /// How long a client request may wait for its shard's answer before it is forgotten.
 const CLIENT_ANSWER_PATIENCE: Duration = Duration::from_secs(60);
 /// How long a graceful leave waits for its notices to be acknowledged.
@@ -478,7 +480,20 @@ impl NodeLoop {
                     let now = self.now();
                     self.core.join(now, members);
                 }
-                Some(message) = inbound.recv() => self.handle_inbound(message),
+                Some(message) = inbound.recv() => {
+                    // Everything that arrived meanwhile, SWIM datagrams first: failure detection
+                    // must not wait behind replication and client work.
+                    let mut queued = vec![message];
+                    while queued.len() < INBOUND_BATCH
+                        && let Ok(message) = inbound.try_recv()
+                    {
+                        queued.push(message);
+                    }
+                    queued.sort_by_key(|message| !matches!(message, Inbound::Datagram { .. }));
+                    for message in queued {
+                        self.handle_inbound(message);
+                    }
+                }
                 Some((id, answer)) = self.answers_rx.recv() => {
                     let now = self.now();
                     self.core.handle_response(now, id, answer);

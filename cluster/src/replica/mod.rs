@@ -58,6 +58,11 @@ pub struct ReplicaConfig {
     /// factor): a voter that is down is not removed until a replacement has been added, so a
     /// short outage never moves data. Default 3.
     pub min_voters: usize,
+    /// How often an idle leader heartbeats (R11's rounds slow down when nothing happens: no
+    /// write or read for this long, every member caught up). Followers of an idle leader wait
+    /// `t_elect` more than this before standing, unless SWIM holds the leader down, in which
+    /// case they stand at once (ranked). At least `heartbeat`. Default 1 s.
+    pub idle_heartbeat: Duration,
 }
 
 impl Default for ReplicaConfig {
@@ -73,6 +78,7 @@ impl Default for ReplicaConfig {
             compact_after: 10_000,
             snapshot_chunk_bytes: 1 << 20,
             min_voters: 3,
+            idle_heartbeat: Duration::from_secs(1),
         }
     }
 }
@@ -367,6 +373,10 @@ pub struct Leader {
     removing: BTreeMap<NodeId, (Member, Pos, Config)>,
     /// The promises counted to open `b` (R2.3), kept to be inspected.
     promisers: Vec<Member>,
+    /// Heartbeating slowly (see `ReplicaConfig::idle_heartbeat`).
+    idle: bool,
+    /// The last client operation or config change.
+    last_activity: Duration,
     /// The state frozen for snapshots, shared by every transfer that started from it.
     frozen: Option<Arc<Frozen>>,
     /// Snapshot transfers in progress (R6), per member.
@@ -560,6 +570,8 @@ pub struct ShardReplica {
     role: Role,
     commit: u64,
     leader_hint: Option<NodeId>,
+    /// The leader said it is idle (its heartbeats are slow).
+    leader_idle: bool,
     last_heard: Option<Duration>,
     highest_seen: u64,
     dead: BTreeSet<NodeId>,
@@ -609,6 +621,7 @@ impl ShardReplica {
             role: Role::Follower,
             commit: 0,
             leader_hint: None,
+            leader_idle: false,
             last_heard: None,
             highest_seen: 0,
             dead: BTreeSet::new(),
@@ -830,6 +843,7 @@ impl ShardReplica {
         }
         match op {
             ClientOp::Get { key } => {
+                self.wake(now);
                 let Role::Leader(leader) = &mut self.role else {
                     unreachable!("checked above")
                 };
@@ -888,7 +902,11 @@ impl ShardReplica {
                 entries,
                 commit,
                 hb_seq,
-            } => self.on_append(now, from, b, prev, entries, commit, hb_seq),
+                idle,
+            } => {
+                self.leader_idle = idle;
+                self.on_append(now, from, b, prev, entries, commit, hb_seq);
+            }
             Message::AppendOk { b, matched, hb_seq } => {
                 self.on_append_ok(now, from, b, matched, hb_seq);
             }
@@ -1065,7 +1083,19 @@ impl ShardReplica {
             Some(rank) => {
                 let from = self.last_heard.map_or(now, |heard| heard.max(now));
                 let jitter = self.random_below(self.config.jitter);
-                Some(from + self.config.t_elect + self.config.t_step * rank + jitter)
+                let leader_down = self
+                    .leader_hint
+                    .as_ref()
+                    .is_some_and(|leader| self.dead.contains(leader) && leader != &self.me.node);
+                let wait = if leader_down {
+                    // SWIM already waited: stand now, in rank order.
+                    Duration::ZERO
+                } else if self.leader_idle {
+                    self.config.t_elect + self.config.idle_heartbeat
+                } else {
+                    self.config.t_elect
+                };
+                Some(from + wait + self.config.t_step * rank + jitter)
             }
             None => None,
         };
@@ -1272,6 +1302,8 @@ impl ShardReplica {
             held: Vec::new(),
             removing: BTreeMap::new(),
             promisers,
+            idle: false,
+            last_activity: now,
             frozen: None,
             snapshots: BTreeMap::new(),
         };
@@ -1459,6 +1491,7 @@ impl ShardReplica {
     }
 
     fn append_write(&mut self, now: Duration, tag: RequestTag, op: Op) {
+        self.wake(now);
         let Role::Leader(leader) = &mut self.role else {
             return;
         };
@@ -1489,6 +1522,7 @@ impl ShardReplica {
         };
         let b = leader.b.clone();
         let hb_seq = leader.hb_seq;
+        let idle = leader.idle;
         let last = self.durable.last().index;
         let active = active(&self.durable, self.config_at);
         let voters: Vec<Member> = active
@@ -1533,6 +1567,7 @@ impl ShardReplica {
                         entries,
                         commit: self.commit,
                         hb_seq,
+                        idle,
                     },
                     sent_to,
                 ));
@@ -2117,6 +2152,17 @@ impl ShardReplica {
         if next == active {
             return;
         }
+        // A member added (perhaps again, after a removal) starts with no known progress.
+        if let Role::Leader(leader) = &mut self.role {
+            for added in next
+                .learners
+                .iter()
+                .filter(|l| !active.learners.contains(l) && !active.voters.contains(l))
+            {
+                leader.matched.remove(&added.node);
+                leader.next.remove(&added.node);
+            }
+        }
         let Role::Leader(leader) = &self.role else {
             return;
         };
@@ -2128,6 +2174,7 @@ impl ShardReplica {
         };
         self.append(vec![entry]);
         self.appends_wanted = true;
+        self.wake(now);
     }
 
     /// R7 (2): once the target holds everything committed, ask it to stand; (5) give up at
@@ -2258,9 +2305,15 @@ impl ShardReplica {
             self.heartbeat_at = None;
             return;
         };
-        // Check-quorum: a majority acknowledged within T_elect (the leader counts itself).
+        // Check-quorum: a majority acknowledged within T_elect (the leader counts itself), or
+        // within an idle round and T_elect while idle.
         let config = active(&self.durable, self.config_at);
-        let window_start = now.saturating_sub(self.config.t_elect);
+        let window = if leader.idle {
+            self.config.t_elect + self.config.idle_heartbeat
+        } else {
+            self.config.t_elect
+        };
+        let window_start = now.saturating_sub(window);
         let recent = config
             .voters
             .iter()
@@ -2303,10 +2356,60 @@ impl ShardReplica {
         for (member, message) in removing {
             self.send(member, message, false);
         }
+        let idle = self.is_idle(now);
+        if let Role::Leader(leader) = &mut self.role {
+            leader.idle = idle;
+        }
         self.send_appends(true);
         self.progress_transfer(now);
         self.reconfigure(now);
-        self.heartbeat_at = Some(now + self.config.heartbeat);
+        let every = if self.leader_is_idle() {
+            self.config.idle_heartbeat.max(self.config.heartbeat)
+        } else {
+            self.config.heartbeat
+        };
+        self.heartbeat_at = Some(now + every);
+    }
+
+    fn leader_is_idle(&self) -> bool {
+        matches!(&self.role, Role::Leader(leader) if leader.idle)
+    }
+
+    /// An established leader with nothing in flight: no client operation or config change
+    /// for `idle_heartbeat`, everything committed, every member caught up.
+    fn is_idle(&self, now: Duration) -> bool {
+        let Role::Leader(leader) = &self.role else {
+            return false;
+        };
+        let last = self.durable.last().index;
+        let active = active(&self.durable, self.config_at);
+        leader.established
+            && now.saturating_sub(leader.last_activity) >= self.config.idle_heartbeat
+            && self.commit == last
+            && leader.writes.is_empty()
+            && leader.reads.is_empty()
+            && leader.held.is_empty()
+            && leader.transfer.is_none()
+            && leader.removing.is_empty()
+            && active.learners.is_empty()
+            && active
+                .voters
+                .iter()
+                .filter(|v| v.node != self.me.node)
+                .all(|v| leader.matched.get(&v.node) == Some(&last))
+    }
+
+    /// A client operation or config change: back to quick heartbeats. Leaving idle restarts
+    /// the check-quorum clock (acknowledgements were slow while idle).
+    fn wake(&mut self, now: Duration) {
+        if let Role::Leader(leader) = &mut self.role {
+            leader.last_activity = now;
+            if leader.idle {
+                leader.idle = false;
+                leader.since = now;
+                self.heartbeat_at = Some(now);
+            }
+        }
     }
 
     // ---- role changes ----
