@@ -16,7 +16,7 @@ use transport::{ClientTls, Endpoint, Limits};
 use crate::{Output, QueryArgs};
 
 /// Writes to stdout; a closed pipe (`node members | head -1`) is not an error.
-fn emit(text: &str) {
+pub(crate) fn emit(text: &str) {
     use std::io::Write as _;
     let mut stdout = std::io::stdout().lock();
     let _ = stdout
@@ -50,7 +50,7 @@ pub(crate) fn certs_issue(dir: &Path, node_id: &str) -> Result<ExitCode> {
 }
 
 /// A client endpoint with the CLI's certificate.
-fn client(query: &QueryArgs) -> Result<Endpoint> {
+pub(crate) fn client(query: &QueryArgs) -> Result<Endpoint> {
     let tls = ClientTls::load(&query.certs_dir)?;
     let endpoint = if query.addr.ip().is_loopback() {
         Endpoint::client(tls, Limits::default())?
@@ -102,7 +102,7 @@ fn print_json(value: &Value) {
 }
 
 /// Lays out rows with columns padded to the widest cell.
-fn table(rows: &[Vec<String>]) -> String {
+pub(crate) fn table(rows: &[Vec<String>]) -> String {
     let columns = rows.iter().map(Vec::len).max().unwrap_or(0);
     let widths: Vec<usize> = (0..columns)
         .map(|c| {
@@ -484,7 +484,7 @@ pub(crate) async fn key_op(op: cluster::replica::ClientOp, query: &QueryArgs) ->
     };
     let read = matches!(op, cluster::replica::ClientOp::Get { .. });
     let attempt = query.timeout().min(std::time::Duration::from_secs(1));
-    let mut kv = KvClient::new(endpoint, query.addr, attempt);
+    let kv = KvClient::new(endpoint, query.addr, attempt);
     let outcome = kv.execute(op, deadline).await;
     match (outcome, query.output) {
         (Ok(value), Output::Json) => {

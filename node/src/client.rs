@@ -9,17 +9,25 @@
 //! `indeterminate`) is *not* retried: it is reported as indeterminate, because it may yet
 //! commit. Reads are always safe to retry.
 //!
+//! Clones share one routing cache (node addresses, the last leader seen for each shard, and,
+//! once [`KvClient::learn_shard_count`] ran, the cluster's shard count, so a key's shard is
+//! computed locally and a cached leader is asked directly, without a `shard-for` round trip
+//! to the seed first). Without the shard count every operation asks the seed where its key
+//! lives, as a single CLI call does.
+//!
 //! What it deliberately does not do: no connection pooling beyond the endpoint's cache, no
 //! pipelining (a caller runs many operations concurrently with many clients), no
 //! deduplication of retried writes (none is ever retried once it may have been delivered).
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
+use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use cluster::replica::{ClientOp, ClientReply};
 use cluster::wire::{self, Request, Response};
+use shardtable::ShardCount;
 use topology::NodeId;
 use transport::Endpoint;
 
@@ -47,16 +55,27 @@ pub(crate) enum KvError {
     Unreachable(anyhow::Error),
 }
 
-/// A client of one cluster, reached through `seed`.
+/// A client of one cluster, reached through `seed`. Clones share the endpoint and the routing
+/// cache.
+#[derive(Clone)]
 pub(crate) struct KvClient {
     endpoint: Endpoint,
     seed: SocketAddr,
     /// The longest one attempt may wait.
     attempt_timeout: Duration,
+    /// Shared by every clone; locked only between awaits, never across one.
+    routes: Arc<Mutex<Routes>>,
+}
+
+/// What a client knows about where things are.
+#[derive(Default)]
+struct Routes {
     /// Where nodes listen, as the seed last said.
     addrs: HashMap<NodeId, SocketAddr>,
     /// The leader that last answered for each shard.
     leaders: HashMap<u16, SocketAddr>,
+    /// The cluster's shard count, once learned: keys are then mapped to shards locally.
+    shards: Option<ShardCount>,
 }
 
 impl KvClient {
@@ -65,14 +84,61 @@ impl KvClient {
             endpoint,
             seed,
             attempt_timeout,
-            addrs: HashMap::new(),
-            leaders: HashMap::new(),
+            routes: Arc::new(Mutex::new(Routes::default())),
         }
+    }
+
+    fn routes(&self) -> MutexGuard<'_, Routes> {
+        // A panic while holding the lock cannot leave the maps inconsistent (each update is
+        // one insert or remove), so a poisoned lock is still usable.
+        self.routes
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// Asks the seed for the cluster spec and keeps its shard count, so later operations map
+    /// keys to shards locally. Returns the shard count.
+    pub(crate) async fn learn_shard_count(&self, deadline: Instant) -> Result<ShardCount, KvError> {
+        match self.ask_seed(&Request::Status, deadline).await? {
+            Response::Status(view) => {
+                let count = view.spec.table.shards;
+                self.routes().shards = Some(count);
+                Ok(count)
+            }
+            Response::Refused { reason } => Err(KvError::Refused(reason)),
+            other => Err(KvError::Unreachable(anyhow::anyhow!(
+                "unexpected answer from {}: {other:?}",
+                self.seed
+            ))),
+        }
+    }
+
+    /// Asks the seed where `shard` leads and caches the answer (a warm-up for many clients).
+    pub(crate) async fn learn_leader(&self, shard: u16, deadline: Instant) -> Result<(), KvError> {
+        let request = Request::ShardInfo {
+            shard: u32::from(shard),
+        };
+        if let Response::ShardInfo(view) = self.ask_seed(&request, deadline).await?
+            && let Some(leader) = view.leader
+            && let Some(addr) = leader.addr
+        {
+            let mut routes = self.routes();
+            routes.addrs.insert(leader.id, addr);
+            routes.leaders.entry(shard).or_insert(addr);
+        }
+        Ok(())
+    }
+
+    /// The key's shard and cached leader, when the shard count is known and a leader cached.
+    fn cached_route(&self, key: &[u8]) -> Option<(u16, SocketAddr)> {
+        let routes = self.routes();
+        let shard = shardtable::shard_for(key, routes.shards?).get();
+        routes.leaders.get(&shard).map(|leader| (shard, *leader))
     }
 
     /// Runs `op` until it succeeds, fails definitely, or `deadline` passes.
     pub(crate) async fn execute(
-        &mut self,
+        &self,
         op: ClientOp,
         deadline: Instant,
     ) -> Result<Option<Vec<u8>>, KvError> {
@@ -82,13 +148,14 @@ impl KvClient {
             }
         };
         let write = !matches!(op, ClientOp::Get { .. });
-        let (shard, placement_leader) = self.route(&key, deadline).await?;
-        let mut target = self
-            .leaders
-            .get(&shard)
-            .copied()
-            .or(placement_leader)
-            .unwrap_or(self.seed);
+        let (shard, mut target) = match self.cached_route(&key) {
+            Some(route) => route,
+            None => {
+                let (shard, placement_leader) = self.route(&key, deadline).await?;
+                let cached = self.routes().leaders.get(&shard).copied();
+                (shard, cached.or(placement_leader).unwrap_or(self.seed))
+            }
+        };
         let body = Bytes::from(wire::encode(&Request::Client(op)));
         let mut backoff = Duration::from_millis(10);
         let mut moves = 0;
@@ -121,7 +188,7 @@ impl KvClient {
                 Err(error) if write && !error.nothing_sent() => {
                     // The leader may be gone: ask again next time; after a timeout, on a new
                     // connection (QUIC does not notice a dead peer before its idle timeout).
-                    self.leaders.remove(&shard);
+                    self.routes().leaders.remove(&shard);
                     if matches!(error, transport::RequestError::Timeout { .. }) {
                         self.endpoint.forget(target);
                     }
@@ -132,7 +199,7 @@ impl KvClient {
                 Err(error) => {
                     // Never delivered (or a read): ask again where the shard leads.
                     tracing::debug!(%target, %error, "attempt failed");
-                    self.leaders.remove(&shard);
+                    self.routes().leaders.remove(&shard);
                     if matches!(error, transport::RequestError::Timeout { .. }) {
                         self.endpoint.forget(target);
                     }
@@ -150,7 +217,7 @@ impl KvClient {
             };
             match reply {
                 ClientReply::Ok { value } => {
-                    self.leaders.insert(shard, target);
+                    self.routes().leaders.insert(shard, target);
                     return Ok(value);
                 }
                 ClientReply::Moved {
@@ -187,7 +254,7 @@ impl KvClient {
 
     /// The key's shard and its placement leader's address, from the seed.
     async fn route(
-        &mut self,
+        &self,
         key: &[u8],
         deadline: Instant,
     ) -> Result<(u16, Option<SocketAddr>), KvError> {
@@ -196,7 +263,7 @@ impl KvClient {
             Response::ShardFor(view) => {
                 let leader = view.leader.and_then(|leader| {
                     if let Some(addr) = leader.addr {
-                        self.addrs.insert(leader.id.clone(), addr);
+                        self.routes().addrs.insert(leader.id.clone(), addr);
                     }
                     leader.addr
                 });
@@ -211,16 +278,17 @@ impl KvClient {
     }
 
     /// Where `node` listens, from the cache or the seed's membership list.
-    async fn resolve(&mut self, node: &NodeId, deadline: Instant) -> Option<SocketAddr> {
-        if let Some(addr) = self.addrs.get(node) {
+    async fn resolve(&self, node: &NodeId, deadline: Instant) -> Option<SocketAddr> {
+        if let Some(addr) = self.routes().addrs.get(node) {
             return Some(*addr);
         }
         if let Ok(Response::Members(view)) = self.ask_seed(&Request::Members, deadline).await {
+            let mut routes = self.routes();
             for member in view.members {
-                self.addrs.insert(member.id, member.addr);
+                routes.addrs.insert(member.id, member.addr);
             }
         }
-        self.addrs.get(node).copied()
+        self.routes().addrs.get(node).copied()
     }
 
     async fn ask_seed(&self, request: &Request, deadline: Instant) -> Result<Response, KvError> {

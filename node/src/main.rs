@@ -1,9 +1,10 @@
 //! `node`: the slotring daemon and its command-line client, in one binary.
 //!
 //! Without a subcommand it runs the daemon (`node --listen ADDR [--join ADDR,...]`); with one it
-//! makes certificates (`certs`) or asks a running node (`shard-info`, `members`, ...). See
-//! `docs/operator.md`.
+//! makes certificates (`certs`), asks a running node (`shard-info`, `members`, ...) or loads
+//! it (`bench`). See `docs/operator.md`.
 
+mod bench;
 mod cli;
 mod client;
 mod daemon;
@@ -128,6 +129,9 @@ enum Command {
         #[command(flatten)]
         query: QueryArgs,
     },
+    /// Load generator: many concurrent put/get loops on random keys; prints ops/s, latency
+    /// percentiles and error counts.
+    Bench(Box<bench::BenchArgs>),
 }
 
 #[derive(Debug, Subcommand)]
@@ -230,6 +234,7 @@ fn main() -> ExitCode {
             },
             &query,
         )),
+        Some(Command::Bench(args)) => runtime.block_on(bench::run(&args)),
         Some(Command::Del { key, query }) => runtime.block_on(cli::key_op(
             cluster::replica::ClientOp::Del {
                 key: key.into_bytes(),
