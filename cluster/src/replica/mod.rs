@@ -375,6 +375,9 @@ pub struct Leader {
     promisers: Vec<Member>,
     /// Heartbeating slowly (see `ReplicaConfig::idle_heartbeat`).
     idle: bool,
+    /// Members added during this ballot: the first heartbeat round whose acknowledgements
+    /// count (older ones may be from a previous membership of the same member).
+    fresh_from: BTreeMap<NodeId, u64>,
     /// The last client operation or config change.
     last_activity: Duration,
     /// The state frozen for snapshots, shared by every transfer that started from it.
@@ -1303,6 +1306,7 @@ impl ShardReplica {
             removing: BTreeMap::new(),
             promisers,
             idle: false,
+            fresh_from: BTreeMap::new(),
             last_activity: now,
             frozen: None,
             snapshots: BTreeMap::new(),
@@ -1451,6 +1455,13 @@ impl ShardReplica {
         };
         if !config.voters.iter().chain(&config.learners).any(member) {
             return; // Not a member (I5): a wiped node, or one removed.
+        }
+        if leader
+            .fresh_from
+            .get(&from.node)
+            .is_some_and(|fresh| hb_seq < *fresh)
+        {
+            return; // From before it was (re-)added.
         }
         let node = from.node.clone();
         let known = leader.matched.entry(node.clone()).or_insert(0);
@@ -2159,8 +2170,15 @@ impl ShardReplica {
                 .iter()
                 .filter(|l| !active.learners.contains(l) && !active.voters.contains(l))
             {
+                // Acknowledgements still in flight from its previous membership (same ballot)
+                // must not count: only those of rounds after this one do.
+                leader.hb_seq += 1;
+                leader.fresh_from.insert(added.node.clone(), leader.hb_seq);
                 leader.matched.remove(&added.node);
                 leader.next.remove(&added.node);
+                leader.hb_acked.remove(&added.node);
+                leader.last_ack.remove(&added.node);
+                leader.removing.remove(&added.node);
             }
         }
         let Role::Leader(leader) = &self.role else {
