@@ -331,8 +331,26 @@ impl Cluster {
         cluster
     }
 
+    /// [`Cluster::launch`] with `extra_args` added to every node's daemon flags, such as
+    /// `["--shards", "16"]` (fewer shards heartbeat less, which keeps two cores idle enough).
+    pub(crate) fn launch_with(label: &str, size: usize, extra_args: &[&str]) -> Cluster {
+        let mut cluster = Cluster::new_with(label, size, extra_args);
+        cluster.start(0);
+        cluster.wait_answering(0);
+        for index in 1..size {
+            cluster.start_joining(index, 0);
+        }
+        cluster.wait_converged(CONVERGE_WITHIN);
+        cluster
+    }
+
     /// A cluster of `size` nodes `n0..` with certificates and ports, none started.
     pub(crate) fn new(label: &str, size: usize) -> Cluster {
+        Cluster::new_with(label, size, &[])
+    }
+
+    /// [`Cluster::new`] with `extra_args` added to every node's daemon flags.
+    pub(crate) fn new_with(label: &str, size: usize, extra_args: &[&str]) -> Cluster {
         let binary = node_binary();
         let slot = ClusterSlot::acquire();
         let dir = fresh_temp_dir(label);
@@ -347,7 +365,7 @@ impl Cluster {
         cluster.certs(&["init", "--certs-dir", path_str(&certs_dir)]);
         for _ in 0..size {
             let id = format!("n{}", cluster.nodes.len());
-            cluster.add_node(&id, None, &[]);
+            cluster.add_node(&id, None, extra_args);
         }
         cluster
     }
@@ -515,17 +533,24 @@ impl Cluster {
         args: &[&str],
         output: &str,
     ) -> Result<CliOutput, String> {
-        let addr = self.nodes[index].addr.to_string();
-        let mut full = args.to_vec();
-        full.extend_from_slice(&[
-            "-a",
-            &addr,
-            "-o",
+        cli_against(
+            &self.binary,
+            &self.certs_dir,
+            self.nodes[index].addr,
+            args,
             output,
-            "--certs-dir",
-            path_str(&self.certs_dir),
-        ]);
-        run(&self.binary, &full)
+        )
+    }
+
+    /// A handle that runs CLI calls against the nodes as they are now (their addresses do not
+    /// change across restarts), usable from other threads while the test kills and restarts
+    /// nodes through the cluster.
+    pub(crate) fn client(&self) -> Client {
+        Client {
+            binary: self.binary.clone(),
+            certs_dir: self.certs_dir.clone(),
+            addrs: self.nodes.iter().map(|node| node.addr).collect(),
+        }
     }
 
     /// Waits until node `index` answers `members`.
@@ -672,6 +697,58 @@ impl Drop for Cluster {
         } else {
             let _ = fs::remove_dir_all(&self.dir);
         }
+    }
+}
+
+/// Runs `node ARGS -a ADDR -o OUTPUT --certs-dir DIR`.
+fn cli_against(
+    binary: &Path,
+    certs_dir: &Path,
+    addr: SocketAddr,
+    args: &[&str],
+    output: &str,
+) -> Result<CliOutput, String> {
+    let addr = addr.to_string();
+    let mut full = args.to_vec();
+    full.extend_from_slice(&[
+        "-a",
+        &addr,
+        "-o",
+        output,
+        "--certs-dir",
+        path_str(certs_dir),
+    ]);
+    run(binary, &full)
+}
+
+/// CLI calls against the nodes of a [`Cluster`], from any thread; see [`Cluster::client`].
+#[derive(Debug, Clone)]
+pub(crate) struct Client {
+    binary: PathBuf,
+    certs_dir: PathBuf,
+    addrs: Vec<SocketAddr>,
+}
+
+impl Client {
+    /// How many nodes the cluster had when this handle was made.
+    pub(crate) fn len(&self) -> usize {
+        self.addrs.len()
+    }
+
+    /// Runs `node ARGS -a ADDR -o OUTPUT --certs-dir DIR` against node `index`.
+    pub(crate) fn cli(
+        &self,
+        index: usize,
+        args: &[&str],
+        output: &str,
+    ) -> Result<CliOutput, String> {
+        cli_against(
+            &self.binary,
+            &self.certs_dir,
+            self.addrs[index],
+            args,
+            output,
+        )
     }
 }
 

@@ -14,6 +14,7 @@
 mod convergence;
 mod failures;
 mod harness;
+mod kv;
 mod refusals;
 
 use shardtable::{Placer, ShardId, ShardTable, TableSpec};
