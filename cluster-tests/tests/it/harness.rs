@@ -317,6 +317,13 @@ pub(crate) struct Cluster {
     _slot: ClusterSlot,
 }
 
+/// The shard count of [`Cluster::new`]'s clusters. Every shard replicates and heartbeats, and
+/// up to five debug-built nodes share two cores here: with the default 1,024 shards, four nodes
+/// joining at once make every shard add them as learners together, and that join burst starved
+/// SWIM until members were declared down (moves are not rate-limited yet).
+pub(crate) const DEFAULT_SHARDS: u16 = 64;
+const DEFAULT_SHARDS_ARG: &str = "64";
+
 impl Cluster {
     /// A cluster of `size` nodes `n0..`, started and converged: `n0` bootstraps, the others join
     /// it, and every node lists every other one as `alive`.
@@ -344,9 +351,10 @@ impl Cluster {
         cluster
     }
 
-    /// A cluster of `size` nodes `n0..` with certificates and ports, none started.
+    /// A cluster of `size` nodes `n0..` with certificates and ports, none started, with
+    /// [`DEFAULT_SHARDS`] shards.
     pub(crate) fn new(label: &str, size: usize) -> Cluster {
-        Cluster::new_with(label, size, &[])
+        Cluster::new_with(label, size, &["--shards", DEFAULT_SHARDS_ARG])
     }
 
     /// [`Cluster::new`] with `extra_args` added to every node's daemon flags.
@@ -798,20 +806,21 @@ pub(crate) fn digest(answer: &Value) -> Result<String, String> {
     string_field(answer, "digest")
 }
 
-/// The leader id and the replica ids, in order, of a `shard-info -o json` answer.
+/// Placement's leader and replicas, in order, of a `shard-info -o json` answer (its `target`;
+/// `leader` and `replicas` are the shard's actual config, which follows the target).
 pub(crate) fn owners(answer: &Value) -> Result<(Option<String>, Vec<String>), String> {
     check_version(answer)?;
-    let leader = match &answer["leader"] {
-        Value::Null => None,
-        leader => Some(string_field(leader, "id")?),
-    };
-    let replicas = answer["replicas"]
+    let target = answer["target"]
         .as_array()
-        .ok_or_else(|| format!("no `replicas` array in {answer}"))?
+        .ok_or_else(|| format!("no `target` array in {answer}"))?
         .iter()
-        .map(|replica| string_field(replica, "id"))
+        .map(|id| {
+            id.as_str()
+                .map(ToOwned::to_owned)
+                .ok_or_else(|| format!("a target that is not a string in {answer}"))
+        })
         .collect::<Result<Vec<_>, String>>()?;
-    Ok((leader, replicas))
+    Ok((target.first().cloned(), target))
 }
 
 /// The string field `name` of `object`.

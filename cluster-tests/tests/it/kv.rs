@@ -679,15 +679,6 @@ fn whole_cluster_kill9_and_restart_loses_nothing() {
 /// so does a get; a shard with at most one stopped voter still takes writes; after SIGCONT of
 /// one stopped voter the shard takes writes again.
 #[test]
-#[ignore = "product bug, fails about 1 run in 3: a shard that keeps a live majority becomes \
-            unavailable. Once SWIM declares the two stopped nodes down, placement re-adds to \
-            shard T (voters [n0, n2, n3], n3 stopped) a node it removed earlier (n1, whose \
-            replica is tombstoned and empty); the same leader n0 promotes it although it holds nothing, so T has \
-            voters [n0, n1, n2, n3] with only n0 and n2 answering, n0 steps down and stays \
-            leaderless: `put probe-17 (shard 2, at most one voter stopped) through n1, 6.65s to \
-            11.75s after SIGSTOP: Unavailable(\"unavailable: no quorum for shard 2\")`; n0 \
-            reports leader None, voters [n0, n1, n2, n3], target [n0, n2, n1]; n1 reports no \
-            voters"]
 fn two_of_three_replicas_stopped_make_only_that_shard_unavailable() {
     let cluster = Cluster::launch_with("kv-no-quorum", 5, FLAGS);
     let client = cluster.client();
@@ -919,13 +910,6 @@ fn a_fourth_node_joins_during_writes() {
 /// first node's surplus voter removed), as issue 5 asks of the join in
 /// [`a_fourth_node_joins_during_writes`].
 #[test]
-#[ignore = "product bug: a replica created on a node by its leader's Append/Snapshot \
-            (ShardHost::handle_peer_batch -> open_shard) gets no placement target until the \
-            next membership change (Cluster::refresh_targets runs only on SWIM notifications, \
-            open_shards and bootstrap_shards); when such a replica becomes leader (handoff), \
-            ShardReplica::reconfigure returns at `let Some(target) = self.target`, so the old \
-            voter is never removed: e.g. shard 7 led by n3 keeps voters [n0, n1, n3, n4] \
-            with target [n3, n1, n4] after 60 s"]
 fn five_nodes_settle_every_shard_to_its_target() {
     let cluster = Cluster::launch_with("kv-settle", 5, FLAGS);
     wait_configs_match_target(&cluster, CONFIGS_SETTLE_WITHIN);
