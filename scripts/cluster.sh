@@ -22,7 +22,7 @@ READY_SECONDS=30
 STOP_SECONDS=5
 
 usage() {
-    echo "usage: scripts/cluster.sh up N | down [--purge] | status | kill I | restart I" >&2
+    echo "usage: scripts/cluster.sh up N | down [--purge] | status | demo | kill I | restart I" >&2
     echo "                          | pause I | resume I | logs I [-n]" >&2
     exit 2
 }
@@ -225,6 +225,32 @@ cmd_status() {
     fi
 }
 
+# Shows the cluster working: the status, then a write through the first live node, a read of it
+# through the last one, and where the key's shard lives.
+cmd_demo() {
+    cmd_status
+    local index pid live=()
+    for ((index = 0; index < $(size); index++)); do
+        pid=$(our_pid "$index")
+        [[ -n $pid && $(state_of "$pid") == alive ]] && live+=("$index")
+    done
+    ((${#live[@]} > 0)) || die "no node is running"
+    local first=${live[0]} last=${live[${#live[@]} - 1]} value
+    value="hello from $(date +%H:%M:%S)"
+    echo
+    echo "put demo:greeting through n$first, get it through n$last:"
+    timeout 20 "$BIN" put demo:greeting "$value" -a "$(addr "$first")" --certs-dir "$CERTS" ||
+        die "the write failed"
+    timeout 20 "$BIN" get demo:greeting -a "$(addr "$last")" --certs-dir "$CERTS" ||
+        die "the read failed"
+    echo
+    local shard
+    shard=$(timeout 10 "$BIN" shard-for demo:greeting -a "$(addr "$first")" --certs-dir "$CERTS" -o json |
+        sed -n 's/.*"shard": *\([0-9]*\).*/\1/p')
+    [[ -n $shard ]] && timeout 10 "$BIN" shard-info "$shard" -a "$(addr "$last")" --certs-dir "$CERTS"
+    return 0
+}
+
 cmd_signal() {
     local signal=$1 index=$2 pid
     check_index "$index"
@@ -276,6 +302,7 @@ case ${1:-} in
     up) cmd_up "${2:-}" ;;
     down) cmd_down "${2:-}" ;;
     status) cmd_status ;;
+    demo) cmd_demo ;;
     kill) cmd_signal KILL "${2:-}" ;;
     pause) cmd_signal STOP "${2:-}" ;;
     resume) cmd_signal CONT "${2:-}" ;;

@@ -14,6 +14,7 @@ use topology::{NodeId, TokenRing};
 
 use crate::Error;
 use crate::identity::Identity;
+use crate::replica::{ClientReply, PeerBatch, ReplicaConfig, ShardHost};
 use crate::spec::{ClusterSpec, SpecFingerprint};
 use crate::timers::TimerQueue;
 use crate::wire::{
@@ -69,6 +70,10 @@ pub struct Config {
     pub remove_down_after: Duration,
     /// The largest SWIM packet; must fit a QUIC datagram (about 1,200 bytes). Default 1,100.
     pub max_packet_size: NonZeroUsize,
+    /// The shard replicas' timing and sizes.
+    pub replica: ReplicaConfig,
+    /// The largest value a client may write. Default 1 MiB.
+    pub max_value_len: usize,
 }
 
 impl Default for Config {
@@ -90,6 +95,8 @@ impl Default for Config {
             max_health_score: 4,
             remove_down_after: Duration::from_secs(3600),
             max_packet_size: nonzero(1100),
+            replica: ReplicaConfig::default(),
+            max_value_len: 1 << 20,
         }
     }
 }
@@ -155,6 +162,16 @@ pub enum Transmit {
     Forget {
         /// Its address.
         to: SocketAddr,
+    },
+    /// Send shard replication messages to a member, as [`Request::Replicate`]; no answer is
+    /// expected (the protocol tolerates loss).
+    Replicate {
+        /// Its address.
+        to: SocketAddr,
+        /// The node id its certificate must name.
+        node: NodeId,
+        /// The messages.
+        batch: PeerBatch,
     },
 }
 
@@ -276,6 +293,10 @@ pub struct Cluster {
     transmits: VecDeque<Transmit>,
     events: VecDeque<Event>,
     stats: Stats,
+    /// Every shard replica this node holds.
+    pub(crate) host: ShardHost,
+    /// Client answers decided here without the host (`Moved` for a shard held elsewhere).
+    pub(crate) client_replies: VecDeque<(u64, ClientReply)>,
 }
 
 impl std::fmt::Debug for Cluster {
@@ -308,6 +329,16 @@ impl Cluster {
             StdRng::seed_from_u64(seed),
             PostcardCodec,
         );
+        let replica_config = ReplicaConfig {
+            min_voters: usize::from(spec.table.replication_factor.get()),
+            ..config.replica.clone()
+        };
+        let host = ShardHost::new(
+            identity.node_id.clone(),
+            identity.meta.storage,
+            replica_config,
+            seed ^ 0x0005_11a2_d000,
+        );
         let placer = Placer::new(spec.table);
         let ring = TokenRing::from_members(spec.vnodes, [identity.node_id.clone()]);
         let table = placer.place(&ring);
@@ -337,6 +368,8 @@ impl Cluster {
             transmits: VecDeque::new(),
             events: VecDeque::new(),
             stats: Stats::default(),
+            host,
+            client_replies: VecDeque::new(),
         };
         // foca arms its periodic timers on the first input; an empty gossip round is one.
         let _ = cluster.foca.gossip(&mut cluster.effects);
@@ -421,6 +454,9 @@ impl Cluster {
 
     /// Delivers every timer due at `now`. Call it at [`poll_timeout`](Self::poll_timeout).
     pub fn handle_timeout(&mut self, now: Duration) {
+        if self.host.poll_timeout().is_some_and(|at| at <= now) {
+            self.host.handle_timeout(now);
+        }
         if let Some(first) = self.timers.next_deadline()
             && now.saturating_sub(first) > self.config.stall_threshold
         {
@@ -532,12 +568,12 @@ impl Cluster {
         from: Option<&NodeId>,
         request: Request,
     ) -> Response {
-        let response = self.answer(from, request);
+        let response = self.answer(now, from, request);
         self.drain(now);
         response
     }
 
-    fn answer(&mut self, from: Option<&NodeId>, request: Request) -> Response {
+    fn answer(&mut self, now: Duration, from: Option<&NodeId>, request: Request) -> Response {
         let refuse = |reason: String| Response::Refused { reason };
         match request {
             Request::Join { node_id, spec } => {
@@ -609,17 +645,43 @@ impl Cluster {
                     ));
                 }
                 let shard = self.table.shard_for(&key);
-                let leader = self
-                    .table
-                    .shard_info(shard)
-                    .ok()
-                    .and_then(|info| info.leader().map(|id| self.node_ref(id)));
+                // The actual leader as this node's replica knows it, else placement's.
+                let actual = self
+                    .host
+                    .replica(shard.get())
+                    .and_then(|replica| replica.leader_hint().cloned());
+                let leader = actual
+                    .or_else(|| {
+                        self.table
+                            .shard_info(shard)
+                            .ok()
+                            .and_then(|info| info.leader().cloned())
+                    })
+                    .map(|id| self.node_ref(&id));
                 Response::ShardFor(ShardForView {
                     shard: shard.get(),
                     leader,
                 })
             }
             Request::Members => Response::Members(self.members()),
+            Request::ShardDigests => Response::ShardDigests(self.shard_digests()),
+            Request::Replicate(batch) => {
+                if from != Some(&batch.from.node) {
+                    return refuse(
+                        "replication messages only from the node that sends them".into(),
+                    );
+                }
+                let held = self.host.replicas().count();
+                self.host.handle_peer_batch(now, batch);
+                if self.host.replicas().count() != held {
+                    // A leader created a replica here: give it its target now.
+                    self.refresh_targets(now);
+                }
+                Response::Ack
+            }
+            Request::Client(_) => {
+                refuse("client operations go through Cluster::handle_client".into())
+            }
             Request::Status => Response::Status(self.status()),
             Request::Ring => Response::Ring(self.ring_view()),
         }
@@ -657,12 +719,24 @@ impl Cluster {
         {
             next = next.min(announce);
         }
+        if let Some(shards) = self.host.poll_timeout() {
+            next = next.min(shards);
+        }
         Some(next)
     }
 
     /// The next thing to send.
     pub fn poll_transmit(&mut self) -> Option<Transmit> {
-        self.transmits.pop_front()
+        if let Some(transmit) = self.transmits.pop_front() {
+            return Some(transmit);
+        }
+        while let Some((node, batch)) = self.host.poll_transmit() {
+            match self.addr_of(&node) {
+                Some(to) => return Some(Transmit::Replicate { to, node, batch }),
+                None => tracing::debug!(%node, "replication messages for an unknown node dropped"),
+            }
+        }
+        None
     }
 
     /// The next event.
@@ -757,10 +831,14 @@ impl Cluster {
             });
         }
         let notifications: Vec<_> = self.effects.notifications.drain(..).collect();
+        let changed = !notifications.is_empty();
         for notification in notifications {
             self.notice(notification);
         }
         self.refresh_table();
+        if changed {
+            self.refresh_targets(now);
+        }
     }
 
     /// foca 2.0.0 sends `TurnUndead` when a suspicion timer expires even if the member refuted
@@ -865,6 +943,25 @@ impl Cluster {
         });
     }
 
+    /// The largest value a client may write.
+    pub(crate) fn max_value_len(&self) -> usize {
+        self.config.max_value_len
+    }
+
+    /// The identities of the members foca holds active (this node excluded).
+    pub(crate) fn active_identities(&self) -> Vec<Identity> {
+        self.foca.iter_members().map(|m| m.id().clone()).collect()
+    }
+
+    /// The members foca holds down.
+    pub(crate) fn down_members(&self) -> Vec<NodeId> {
+        self.foca
+            .iter_membership_state()
+            .filter(|m| m.state() == foca::State::Down)
+            .map(|m| m.id().node_id.clone())
+            .collect()
+    }
+
     fn addr_of(&self, node: &NodeId) -> Option<SocketAddr> {
         let me = self.foca.identity();
         if &me.node_id == node {
@@ -901,25 +998,64 @@ impl Cluster {
             .table
             .shard_info(id)
             .map_err(|error| error.to_string())?;
-        let leader = info.leader().map(|node| self.node_ref(node));
-        let replicas = info
+        let mut leader = info.leader().map(|node| self.node_ref(node));
+        let mut replicas: Vec<ReplicaView> = info
             .replicas()
             .enumerate()
             .map(|(rank, node)| ReplicaView {
                 node: self.node_ref(node),
                 role: if rank == 0 { "leader" } else { "follower" }.to_owned(),
+                index: None,
             })
             .collect();
+        let mut state = if info.is_assigned() {
+            "stable"
+        } else {
+            "no-quorum"
+        };
+        let (mut epoch, mut commit) = (None, None);
+        if let Some(replica) = self.host.replica(id.get()) {
+            // This node holds the shard: its replica's view of the actual config.
+            let config = replica.durable().active_config();
+            let hint = replica.leader_hint();
+            let me = &self.identity().node_id;
+            let index_of = |node: &NodeId| {
+                if node == me {
+                    Some(replica.durable().applied)
+                } else {
+                    replica.matched(node)
+                }
+            };
+            leader = hint.map(|node| self.node_ref(node));
+            replicas = config
+                .voters
+                .iter()
+                .map(|member| (member, Some(&member.node) == hint))
+                .map(|(member, leads)| ReplicaView {
+                    node: self.node_ref(&member.node),
+                    role: if leads { "leader" } else { "follower" }.to_owned(),
+                    index: index_of(&member.node),
+                })
+                .chain(config.learners.iter().map(|member| ReplicaView {
+                    node: self.node_ref(&member.node),
+                    role: "learner".to_owned(),
+                    index: index_of(&member.node),
+                }))
+                .collect();
+            replicas.sort_by_key(|view| view.role != "leader");
+            epoch = replica.durable().promised.as_ref().map(ToString::to_string);
+            commit = Some(replica.commit());
+            if hint.is_none() {
+                state = "no-quorum";
+            }
+        }
         Ok(ShardInfoView {
             shard: id.get(),
-            state: if info.is_assigned() {
-                "stable"
-            } else {
-                "no-quorum"
-            }
-            .to_owned(),
+            state: state.to_owned(),
             leader,
             replicas,
+            epoch,
+            commit,
             target: info.replicas().map(ToString::to_string).collect(),
             digest: self.digest.to_string(),
         })

@@ -49,4 +49,20 @@ pub enum Error {
         /// What is wrong.
         problem: String,
     },
+    /// A client's key is longer than the limit.
+    #[error("key is {len} bytes; the limit is {max}")]
+    KeyTooLong {
+        /// Its length.
+        len: usize,
+        /// The limit.
+        max: usize,
+    },
+    /// A client's value is longer than the limit.
+    #[error("value is {len} bytes; the limit is {max}")]
+    ValueTooLong {
+        /// Its length.
+        len: usize,
+        /// The limit.
+        max: usize,
+    },
 }

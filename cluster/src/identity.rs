@@ -34,13 +34,24 @@ pub struct Identity {
 pub struct NodeMeta {
     /// The wire protocol version the member speaks ([`crate::wire::WIRE_VERSION`]).
     pub protocol: u16,
+    /// The member's storage (created with its data dir): with the node id, what a shard's
+    /// config names (a wiped node is a new member).
+    pub storage: crate::replica::StorageId,
+}
+
+impl NodeMeta {
+    /// This software's meta for a node whose data dir holds `storage`.
+    pub fn new(storage: crate::replica::StorageId) -> Self {
+        NodeMeta {
+            protocol: crate::wire::WIRE_VERSION,
+            storage,
+        }
+    }
 }
 
 impl Default for NodeMeta {
     fn default() -> Self {
-        NodeMeta {
-            protocol: crate::wire::WIRE_VERSION,
-        }
+        NodeMeta::new(crate::replica::StorageId(0))
     }
 }
 

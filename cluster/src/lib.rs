@@ -14,6 +14,7 @@ mod core;
 mod error;
 pub mod identity;
 pub mod replica;
+mod shards;
 pub mod spec;
 mod timers;
 pub mod wire;

@@ -103,6 +103,13 @@ pub enum Request {
     },
     /// CLI: the membership list.
     Members,
+    /// CLI: every shard replica the answering node holds, with a checksum of its state.
+    ShardDigests,
+    /// A node's replication messages for the answering node (one frame, batched per peer).
+    Replicate(crate::replica::PeerBatch),
+    /// A client operation on one key; answered with [`Response::Client`] once the shard's
+    /// leader decides (the key's shard is computed by the answering node).
+    Client(crate::replica::ClientOp),
     /// CLI: per-node load.
     Status,
     /// CLI: per-node ring ownership.
@@ -148,6 +155,10 @@ pub enum Response {
     Status(StatusView),
     /// The answer to [`Request::Ring`].
     Ring(RingView),
+    /// The answer to [`Request::Client`].
+    Client(crate::replica::ClientReply),
+    /// The answer to [`Request::ShardDigests`].
+    ShardDigests(Vec<ShardDigest>),
 }
 
 /// A node named with its address.
@@ -165,8 +176,23 @@ pub struct NodeRef {
 pub struct ReplicaView {
     /// Which node.
     pub node: NodeRef,
-    /// `leader` or `follower` (learners come with replication).
+    /// `leader`, `follower` or `learner`.
     pub role: String,
+    /// How far its log is known to reach: the answering replica's own applied index, or, when
+    /// the answering replica leads, the index each follower acknowledged; `None` if unknown.
+    pub index: Option<u64>,
+}
+
+/// One replica's state in brief, for comparing replicas (`node check`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ShardDigest {
+    /// The shard.
+    pub shard: u16,
+    /// The replica's applied index.
+    pub applied: u64,
+    /// blake3 over its key-value state at `applied` (keys in order, each key and value
+    /// length-prefixed).
+    pub checksum: [u8; 32],
 }
 
 /// Where a shard lives, as one node sees it.
@@ -184,6 +210,11 @@ pub struct ShardInfoView {
     pub target: Vec<String>,
     /// The answering node's table digest, hex.
     pub digest: String,
+    /// The ballot (`n.node`) the answering replica has promised: the shard's epoch. `None` when
+    /// the answering node holds no replica of the shard.
+    pub epoch: Option<String>,
+    /// The answering replica's commit index, when it holds one.
+    pub commit: Option<u64>,
 }
 
 /// Which shard a key maps to.

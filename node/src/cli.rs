@@ -16,7 +16,7 @@ use transport::{ClientTls, Endpoint, Limits};
 use crate::{Output, QueryArgs};
 
 /// Writes to stdout; a closed pipe (`node members | head -1`) is not an error.
-fn emit(text: &str) {
+pub(crate) fn emit(text: &str) {
     use std::io::Write as _;
     let mut stdout = std::io::stdout().lock();
     let _ = stdout
@@ -50,7 +50,7 @@ pub(crate) fn certs_issue(dir: &Path, node_id: &str) -> Result<ExitCode> {
 }
 
 /// A client endpoint with the CLI's certificate.
-fn client(query: &QueryArgs) -> Result<Endpoint> {
+pub(crate) fn client(query: &QueryArgs) -> Result<Endpoint> {
     let tls = ClientTls::load(&query.certs_dir)?;
     let endpoint = if query.addr.ip().is_loopback() {
         Endpoint::client(tls, Limits::default())?
@@ -102,7 +102,7 @@ fn print_json(value: &Value) {
 }
 
 /// Lays out rows with columns padded to the widest cell.
-fn table(rows: &[Vec<String>]) -> String {
+pub(crate) fn table(rows: &[Vec<String>]) -> String {
     let columns = rows.iter().map(Vec::len).max().unwrap_or(0);
     let widths: Vec<usize> = (0..columns)
         .map(|c| {
@@ -137,34 +137,43 @@ pub(crate) async fn shard_info(shard: u32, query: &QueryArgs) -> Result<ExitCode
         Output::Json => print_json(&json!({
             "version": 1,
             "shard": view.shard,
-            "epoch": Value::Null,
+            "epoch": view.epoch,
+            "commit": view.commit,
             "state": view.state,
             "leader": node_json(&view.leader),
             "replicas": view.replicas.iter().map(|r| json!({
                 "id": r.node.id.as_str(),
                 "addr": r.node.addr.map(|a| a.to_string()),
                 "role": r.role,
+                "index": r.index,
             })).collect::<Vec<_>>(),
             "target": view.target,
             "digest": view.digest,
         })),
         Output::Table => {
             say!(
-                "shard {}  state {}  (table {})",
+                "shard {}  state {}  epoch {}  commit {}  (table {})",
                 view.shard,
                 view.state,
+                view.epoch.as_deref().unwrap_or("-"),
+                view.commit
+                    .map_or_else(|| "-".to_owned(), |c| c.to_string()),
                 &view.digest[..16]
             );
             let mut rows = vec![vec![
                 "ROLE".to_owned(),
                 "NODE".to_owned(),
                 "ADDRESS".to_owned(),
+                "INDEX".to_owned(),
             ]];
             for replica in &view.replicas {
                 rows.push(vec![
                     replica.role.clone(),
                     replica.node.id.to_string(),
                     addr_text(&replica.node),
+                    replica
+                        .index
+                        .map_or_else(|| "-".to_owned(), |index| index.to_string()),
                 ]);
             }
             emit(&table(&rows));
@@ -385,6 +394,54 @@ pub(crate) async fn check(query: &QueryArgs) -> Result<ExitCode> {
             &view.digest[..16]
         ),
     ));
+    // Replica checksums: replicas of a shard at the same applied index must hold the same state.
+    let mut replicas: std::collections::BTreeMap<u16, Vec<(String, u64, [u8; 32])>> =
+        std::collections::BTreeMap::new();
+    for node in &live {
+        match ask(&endpoint, node.member.addr, &Request::ShardDigests, query).await {
+            Ok(Response::ShardDigests(digests)) => {
+                for digest in digests {
+                    replicas.entry(digest.shard).or_default().push((
+                        node.member.id.to_string(),
+                        digest.applied,
+                        digest.checksum,
+                    ));
+                }
+            }
+            Ok(_) => checks.push((false, format!("{} answered digests oddly", node.member.id))),
+            Err(error) => checks.push((
+                false,
+                format!("{} gave no shard digests: {error:#}", node.member.id),
+            )),
+        }
+    }
+    let (mut compared, mut mismatched) = (0, Vec::new());
+    for (shard, copies) in &replicas {
+        for (i, (a, applied_a, sum_a)) in copies.iter().enumerate() {
+            for (b, applied_b, sum_b) in &copies[i + 1..] {
+                if applied_a == applied_b {
+                    compared += 1;
+                    if sum_a != sum_b {
+                        mismatched
+                            .push(format!("shard {shard}: {a} and {b} differ at {applied_a}"));
+                    }
+                }
+            }
+        }
+    }
+    if mismatched.is_empty() {
+        checks.push((
+            true,
+            format!(
+                "{compared} replica pairs at equal applied index hold equal state ({} shards held)",
+                replicas.len()
+            ),
+        ));
+    } else {
+        for message in mismatched {
+            checks.push((false, message));
+        }
+    }
     let down: Vec<String> = view
         .nodes
         .iter()
@@ -412,4 +469,52 @@ pub(crate) async fn check(query: &QueryArgs) -> Result<ExitCode> {
     } else {
         ExitCode::FAILURE
     })
+}
+
+/// `node put|get|del KEY [VALUE]`: one operation through the client library, retried within
+/// `--timeout` where that is safe.
+pub(crate) async fn key_op(op: cluster::replica::ClientOp, query: &QueryArgs) -> Result<ExitCode> {
+    use crate::client::KvClient;
+    let endpoint = client(query)?;
+    let deadline = std::time::Instant::now() + query.timeout();
+    let key = match &op {
+        cluster::replica::ClientOp::Put { key, .. }
+        | cluster::replica::ClientOp::Get { key }
+        | cluster::replica::ClientOp::Del { key } => String::from_utf8_lossy(key).into_owned(),
+    };
+    let read = matches!(op, cluster::replica::ClientOp::Get { .. });
+    let attempt = query.timeout().min(std::time::Duration::from_secs(1));
+    let kv = KvClient::new(endpoint, query.addr, attempt);
+    let outcome = kv.execute(op, deadline).await;
+    match (outcome, query.output) {
+        (Ok(value), Output::Json) => {
+            let mut answer = json!({"version": 1, "key": key, "ok": true});
+            if read {
+                answer["value"] = value.as_ref().map_or(Value::Null, |v| {
+                    Value::String(String::from_utf8_lossy(v).into_owned())
+                });
+            }
+            print_json(&answer);
+            Ok(ExitCode::SUCCESS)
+        }
+        (Ok(value), Output::Table) => {
+            if read {
+                match value {
+                    Some(value) => say!("{}", String::from_utf8_lossy(&value)),
+                    None => say!("(nil)"),
+                }
+            } else {
+                say!("OK");
+            }
+            Ok(ExitCode::SUCCESS)
+        }
+        (Err(error), Output::Json) => {
+            print_json(&json!({"version": 1, "key": key, "ok": false, "error": error.to_string()}));
+            Ok(ExitCode::FAILURE)
+        }
+        (Err(error), Output::Table) => {
+            eprintln!("error: {error}");
+            Ok(ExitCode::FAILURE)
+        }
+    }
 }

@@ -1,6 +1,7 @@
 //! The daemon: opens the data dir, joins or bootstraps, then runs the one loop that owns the
 //! cluster core.
 
+use std::collections::HashMap;
 use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
@@ -16,6 +17,7 @@ use transport::{Endpoint, Inbound, Limits, NodeTls, PeerIdentity, RequestError};
 
 use crate::DaemonArgs;
 use crate::datadir::DataDir;
+use crate::store::{Store, StoreHandle, StoreWorker};
 
 /// How long a peer request (sync, leave notice) may take.
 const PEER_REQUEST_TIMEOUT: Duration = Duration::from_secs(2);
@@ -23,6 +25,10 @@ const PEER_REQUEST_TIMEOUT: Duration = Duration::from_secs(2);
 const SAVED_PEERS_PATIENCE: Duration = Duration::from_secs(3);
 /// How often a node that is alone asks its saved peers again.
 const SAVED_PEERS_RETRY: Duration = Duration::from_secs(5);
+/// The most inbound messages handled in one turn of the loop (datagrams first).
+const INBOUND_BATCH: usize = 256;
+/// How long a client request may wait for its shard's answer before it is forgotten.
+const CLIENT_ANSWER_PATIENCE: Duration = Duration::from_secs(60);
 /// How long a graceful leave waits for its notices to be acknowledged.
 const LEAVE_GRACE: Duration = Duration::from_millis(1500);
 
@@ -48,6 +54,7 @@ pub(crate) async fn run(args: DaemonArgs) -> Result<ExitCode> {
     };
     let generation = stored.map_or(1, |(_, generation)| generation + 1);
     data_dir.store_node(&node_id, generation)?;
+    let opened = Store::open(&args.data_dir.join("shards.redb"))?;
 
     init_tracing(&node_id);
     let span = tracing::info_span!("node", id = %node_id);
@@ -86,12 +93,14 @@ pub(crate) async fn run(args: DaemonArgs) -> Result<ExitCode> {
         } else {
             None
         };
+        let mut bootstrapping = false;
         let (spec, welcome) = if args.join.is_empty() && rejoin.is_none() {
             let spec = match stored_spec {
                 Some(spec) => spec,
                 None => {
                     let spec = flags.bootstrap()?;
                     info!(%spec, "bootstrapping a new cluster");
+                    bootstrapping = opened.shards.is_empty();
                     spec
                 }
             };
@@ -131,18 +140,25 @@ pub(crate) async fn run(args: DaemonArgs) -> Result<ExitCode> {
             addr: listen,
             generation,
             spec: spec.fingerprint(),
-            meta: NodeMeta::default(),
+            meta: NodeMeta::new(opened.storage_id),
         };
         info!(%listen, generation, %spec, "node up");
         let seed = rand::random::<u64>();
-        let core = Cluster::new(
+        let mut core = Cluster::new(
             started.elapsed(),
             identity,
             spec,
             cluster::Config::default(),
             seed,
         );
-        let mut node = NodeLoop::new(core, endpoint, started, data_dir);
+        let held = opened.shards.len();
+        core.open_shards(started.elapsed(), opened.shards);
+        if bootstrapping {
+            core.bootstrap_shards(started.elapsed());
+        }
+        info!(held, bootstrapping, "shards opened");
+        let store = StoreWorker::spawn(opened.store)?;
+        let mut node = NodeLoop::new(core, endpoint, started, data_dir, store);
         if !welcome.is_empty() {
             node.core.join(node.now(), welcome);
         }
@@ -368,10 +384,21 @@ struct NodeLoop {
     saved_peers: Vec<std::net::SocketAddr>,
     welcomes_tx: mpsc::UnboundedSender<Vec<WireMember>>,
     welcomes_rx: mpsc::UnboundedReceiver<Vec<WireMember>>,
+    /// The storage thread: group commits go in, durable batch ids come out.
+    store: StoreHandle,
+    /// Client requests waiting for their shard's answer, by token.
+    clients: HashMap<u64, (Instant, transport::Responder)>,
+    next_token: u64,
 }
 
 impl NodeLoop {
-    fn new(core: Cluster, endpoint: Endpoint, started: Instant, data_dir: DataDir) -> Self {
+    fn new(
+        core: Cluster,
+        endpoint: Endpoint,
+        started: Instant,
+        data_dir: DataDir,
+        store: StoreHandle,
+    ) -> Self {
         let (answers_tx, answers_rx) = mpsc::unbounded_channel();
         let (welcomes_tx, welcomes_rx) = mpsc::unbounded_channel();
         let saved_peers = data_dir.peers().unwrap_or_default();
@@ -386,6 +413,9 @@ impl NodeLoop {
             saved_peers,
             welcomes_tx,
             welcomes_rx,
+            store,
+            clients: HashMap::new(),
+            next_token: 0,
         }
     }
 
@@ -441,16 +471,38 @@ impl NodeLoop {
                 biased;
                 _ = terminate.recv() => break,
                 _ = interrupt.recv() => break,
-                _ = retry.tick() => self.retry_saved_peers(),
+                _ = retry.tick() => {
+                    self.retry_saved_peers();
+                    self.expire_clients();
+                }
                 Some(members) = self.welcomes_rx.recv() => {
                     info!(members = members.len(), "a saved peer welcomed this node back");
                     let now = self.now();
                     self.core.join(now, members);
                 }
-                Some(message) = inbound.recv() => self.handle_inbound(message),
+                Some(message) = inbound.recv() => {
+                    // Everything that arrived meanwhile, SWIM datagrams first: failure detection
+                    // must not wait behind replication and client work.
+                    let mut queued = vec![message];
+                    while queued.len() < INBOUND_BATCH
+                        && let Ok(message) = inbound.try_recv()
+                    {
+                        queued.push(message);
+                    }
+                    queued.sort_by_key(|message| !matches!(message, Inbound::Datagram { .. }));
+                    for message in queued {
+                        self.handle_inbound(message);
+                    }
+                }
                 Some((id, answer)) = self.answers_rx.recv() => {
                     let now = self.now();
                     self.core.handle_response(now, id, answer);
+                }
+                durable = self.store.durable() => {
+                    // R0: a failed commit aborts the node (its state may be half-written).
+                    let batch = durable.context("committing a group of shard changes")?;
+                    let now = self.now();
+                    self.core.handle_persisted(now, batch);
                 }
                 () = sleep => {
                     let now = self.now();
@@ -494,6 +546,19 @@ impl NodeLoop {
                     PeerIdentity::Client => None,
                 };
                 let response = match wire::decode::<Request>(&body) {
+                    Ok(Request::Client(op)) => {
+                        let token = self.next_token;
+                        self.next_token += 1;
+                        match self.core.handle_client(now, token, op) {
+                            Ok(()) => {
+                                self.clients.insert(token, (Instant::now(), responder));
+                                return;
+                            }
+                            Err(error) => Response::Refused {
+                                reason: error.to_string(),
+                            },
+                        }
+                    }
                     Ok(request) => self.core.handle_request(now, peer, request),
                     Err(error) => {
                         debug!(?from, %error, "bad request");
@@ -507,6 +572,12 @@ impl NodeLoop {
                 }
             }
         }
+    }
+
+    /// Forgets client requests nobody answered in time (their clients gave up long ago).
+    fn expire_clients(&mut self) {
+        self.clients
+            .retain(|_, (since, _)| since.elapsed() < CLIENT_ANSWER_PATIENCE);
     }
 
     /// Remembers the live members' addresses, so a restart without `--join` finds them.
@@ -562,8 +633,31 @@ impl NodeLoop {
                         self.leaving.push(task);
                     }
                 }
+                Transmit::Replicate { to, node, batch } => {
+                    let endpoint = self.endpoint.clone();
+                    let body = Bytes::from(wire::encode(&Request::Replicate(batch)));
+                    tokio::spawn(async move {
+                        if let Err(error) = endpoint
+                            .request(to, Some(&node), body, PEER_REQUEST_TIMEOUT)
+                            .await
+                        {
+                            debug!(%node, %error, "replication messages not delivered");
+                        }
+                    });
+                }
                 Transmit::Connect { to, node } => self.endpoint.connect_ahead(to, node),
                 Transmit::Forget { to } => self.endpoint.forget(to),
+            }
+        }
+        while let Some(persist) = self.core.poll_persist() {
+            self.store.submit(persist)?;
+        }
+        while let Some((token, reply)) = self.core.poll_client_reply() {
+            if let Some((_, responder)) = self.clients.remove(&token) {
+                let answer = Bytes::from(wire::encode(&Response::Client(reply)));
+                if let Err(error) = responder.respond(answer) {
+                    debug!(%error, "client answer not sent");
+                }
             }
         }
         while let Some(event) = self.core.poll_event() {

@@ -1,12 +1,15 @@
 //! `node`: the slotring daemon and its command-line client, in one binary.
 //!
 //! Without a subcommand it runs the daemon (`node --listen ADDR [--join ADDR,...]`); with one it
-//! makes certificates (`certs`) or asks a running node (`shard-info`, `members`, ...). See
-//! `docs/operator.md`.
+//! makes certificates (`certs`), asks a running node (`shard-info`, `members`, ...) or loads
+//! it (`bench`). See `docs/operator.md`.
 
+mod bench;
 mod cli;
+mod client;
 mod daemon;
 mod datadir;
+mod store;
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -103,6 +106,32 @@ enum Command {
         #[command(flatten)]
         query: QueryArgs,
     },
+    /// Writes KEY := VALUE (acknowledged once a majority of the shard's replicas hold it).
+    Put {
+        /// The key (UTF-8 as typed, at most 1 KiB).
+        key: String,
+        /// The value (UTF-8 as typed, at most 1 MiB).
+        value: String,
+        #[command(flatten)]
+        query: QueryArgs,
+    },
+    /// Reads KEY (linearizable: from the shard's leader after a heartbeat round).
+    Get {
+        /// The key.
+        key: String,
+        #[command(flatten)]
+        query: QueryArgs,
+    },
+    /// Deletes KEY.
+    Del {
+        /// The key.
+        key: String,
+        #[command(flatten)]
+        query: QueryArgs,
+    },
+    /// Load generator: many concurrent put/get loops on random keys; prints ops/s, latency
+    /// percentiles and error counts.
+    Bench(Box<bench::BenchArgs>),
 }
 
 #[derive(Debug, Subcommand)]
@@ -192,6 +221,26 @@ fn main() -> ExitCode {
         Some(Command::Status { query }) => runtime.block_on(cli::status(&query)),
         Some(Command::Ring { query }) => runtime.block_on(cli::ring(&query)),
         Some(Command::Check { query }) => runtime.block_on(cli::check(&query)),
+        Some(Command::Put { key, value, query }) => runtime.block_on(cli::key_op(
+            cluster::replica::ClientOp::Put {
+                key: key.into_bytes(),
+                value: value.into_bytes(),
+            },
+            &query,
+        )),
+        Some(Command::Get { key, query }) => runtime.block_on(cli::key_op(
+            cluster::replica::ClientOp::Get {
+                key: key.into_bytes(),
+            },
+            &query,
+        )),
+        Some(Command::Bench(args)) => runtime.block_on(bench::run(&args)),
+        Some(Command::Del { key, query }) => runtime.block_on(cli::key_op(
+            cluster::replica::ClientOp::Del {
+                key: key.into_bytes(),
+            },
+            &query,
+        )),
     };
     match result {
         Ok(code) => code,

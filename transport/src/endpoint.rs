@@ -547,11 +547,18 @@ impl Endpoint {
         if self.inner.is_closed() {
             return Err(RequestError::EndpointClosed);
         }
-        let exchange = async {
-            let conn = self.connection(to, expected).await?;
-            exchange(&conn, to, body, max).await
+        let deadline = tokio::time::Instant::now() + timeout;
+        // A deadline that passes while connecting means nothing was sent.
+        let conn = match tokio::time::timeout_at(deadline, self.connection(to, expected)).await {
+            Ok(conn) => conn?,
+            Err(_) => {
+                return Err(RequestError::Connect {
+                    addr: to,
+                    reason: format!("no connection within {timeout:?}"),
+                });
+            }
         };
-        match tokio::time::timeout(timeout, exchange).await {
+        match tokio::time::timeout_at(deadline, exchange(&conn, to, body, max)).await {
             Ok(result) => result,
             Err(_) => Err(RequestError::Timeout {
                 addr: to,

@@ -268,6 +268,21 @@ pub enum RequestError {
     EndpointClosed,
 }
 
+impl RequestError {
+    /// Whether the request certainly never reached the peer (so retrying it is always safe).
+    pub fn nothing_sent(&self) -> bool {
+        matches!(
+            self,
+            RequestError::FrameTooLarge { .. }
+                | RequestError::Handshake { .. }
+                | RequestError::Refused { .. }
+                | RequestError::Connect { .. }
+                | RequestError::IdentityMismatch { .. }
+                | RequestError::EndpointClosed
+        )
+    }
+}
+
 /// Why [`Responder::respond`](crate::Responder::respond) did not send a response.
 #[derive(Debug, thiserror::Error)]
 pub enum RespondError {

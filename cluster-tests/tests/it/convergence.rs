@@ -8,8 +8,8 @@ use serde_json::Value;
 use crate::harness::{Cluster, digest, members, owners, string_field};
 use crate::{expected_owners, expected_table};
 
-/// How many shards the default spec has.
-const SHARDS: u16 = 1024;
+/// How many shards the test clusters have.
+const SHARDS: u16 = crate::harness::DEFAULT_SHARDS;
 
 /// How many `shard-info` calls run at once: each is a process spawn plus a QUIC handshake,
 /// partly waiting; two in flight keep two cores busy without starving concurrent tests.
@@ -193,11 +193,16 @@ fn live_placement_matches_shardtable() {
                 ids[index]
             );
             let replicas = answer["replicas"].as_array().expect("a `replicas` array");
+            // `replicas` is the shard's actual config as this node's replica knows it (moves
+            // may still be under way): every address right, at most one leader, listed first.
             for (position, replica) in replicas.iter().enumerate() {
-                let role = if position == 0 { "leader" } else { "follower" };
-                assert_eq!(
-                    replica["role"].as_str(),
-                    Some(role),
+                let role = replica["role"].as_str();
+                assert!(
+                    matches!(role, Some("leader" | "follower" | "learner")),
+                    "shard {shard}: {answer}"
+                );
+                assert!(
+                    role != Some("leader") || position == 0,
                     "shard {shard}: {answer}"
                 );
                 let id = string_field(replica, "id").unwrap();
@@ -208,7 +213,9 @@ fn live_placement_matches_shardtable() {
                     "shard {shard}: {answer}"
                 );
             }
-            assert_eq!(answer["leader"]["addr"], replicas[0]["addr"], "{answer}");
+            if replicas.first().is_some_and(|r| r["role"] == "leader") {
+                assert_eq!(answer["leader"]["addr"], replicas[0]["addr"], "{answer}");
+            }
         }
     }
 }

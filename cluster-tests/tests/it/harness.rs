@@ -317,6 +317,13 @@ pub(crate) struct Cluster {
     _slot: ClusterSlot,
 }
 
+/// The shard count of [`Cluster::new`]'s clusters. Every shard replicates and heartbeats, and
+/// up to five debug-built nodes share two cores here: with the default 1,024 shards, four nodes
+/// joining at once make every shard add them as learners together, and that join burst starved
+/// SWIM until members were declared down (moves are not rate-limited yet).
+pub(crate) const DEFAULT_SHARDS: u16 = 64;
+const DEFAULT_SHARDS_ARG: &str = "64";
+
 impl Cluster {
     /// A cluster of `size` nodes `n0..`, started and converged: `n0` bootstraps, the others join
     /// it, and every node lists every other one as `alive`.
@@ -331,8 +338,27 @@ impl Cluster {
         cluster
     }
 
-    /// A cluster of `size` nodes `n0..` with certificates and ports, none started.
+    /// [`Cluster::launch`] with `extra_args` added to every node's daemon flags, such as
+    /// `["--shards", "16"]` (fewer shards heartbeat less, which keeps two cores idle enough).
+    pub(crate) fn launch_with(label: &str, size: usize, extra_args: &[&str]) -> Cluster {
+        let mut cluster = Cluster::new_with(label, size, extra_args);
+        cluster.start(0);
+        cluster.wait_answering(0);
+        for index in 1..size {
+            cluster.start_joining(index, 0);
+        }
+        cluster.wait_converged(CONVERGE_WITHIN);
+        cluster
+    }
+
+    /// A cluster of `size` nodes `n0..` with certificates and ports, none started, with
+    /// [`DEFAULT_SHARDS`] shards.
     pub(crate) fn new(label: &str, size: usize) -> Cluster {
+        Cluster::new_with(label, size, &["--shards", DEFAULT_SHARDS_ARG])
+    }
+
+    /// [`Cluster::new`] with `extra_args` added to every node's daemon flags.
+    pub(crate) fn new_with(label: &str, size: usize, extra_args: &[&str]) -> Cluster {
         let binary = node_binary();
         let slot = ClusterSlot::acquire();
         let dir = fresh_temp_dir(label);
@@ -347,7 +373,7 @@ impl Cluster {
         cluster.certs(&["init", "--certs-dir", path_str(&certs_dir)]);
         for _ in 0..size {
             let id = format!("n{}", cluster.nodes.len());
-            cluster.add_node(&id, None, &[]);
+            cluster.add_node(&id, None, extra_args);
         }
         cluster
     }
@@ -515,17 +541,24 @@ impl Cluster {
         args: &[&str],
         output: &str,
     ) -> Result<CliOutput, String> {
-        let addr = self.nodes[index].addr.to_string();
-        let mut full = args.to_vec();
-        full.extend_from_slice(&[
-            "-a",
-            &addr,
-            "-o",
+        cli_against(
+            &self.binary,
+            &self.certs_dir,
+            self.nodes[index].addr,
+            args,
             output,
-            "--certs-dir",
-            path_str(&self.certs_dir),
-        ]);
-        run(&self.binary, &full)
+        )
+    }
+
+    /// A handle that runs CLI calls against the nodes as they are now (their addresses do not
+    /// change across restarts), usable from other threads while the test kills and restarts
+    /// nodes through the cluster.
+    pub(crate) fn client(&self) -> Client {
+        Client {
+            binary: self.binary.clone(),
+            certs_dir: self.certs_dir.clone(),
+            addrs: self.nodes.iter().map(|node| node.addr).collect(),
+        }
     }
 
     /// Waits until node `index` answers `members`.
@@ -675,6 +708,58 @@ impl Drop for Cluster {
     }
 }
 
+/// Runs `node ARGS -a ADDR -o OUTPUT --certs-dir DIR`.
+fn cli_against(
+    binary: &Path,
+    certs_dir: &Path,
+    addr: SocketAddr,
+    args: &[&str],
+    output: &str,
+) -> Result<CliOutput, String> {
+    let addr = addr.to_string();
+    let mut full = args.to_vec();
+    full.extend_from_slice(&[
+        "-a",
+        &addr,
+        "-o",
+        output,
+        "--certs-dir",
+        path_str(certs_dir),
+    ]);
+    run(binary, &full)
+}
+
+/// CLI calls against the nodes of a [`Cluster`], from any thread; see [`Cluster::client`].
+#[derive(Debug, Clone)]
+pub(crate) struct Client {
+    binary: PathBuf,
+    certs_dir: PathBuf,
+    addrs: Vec<SocketAddr>,
+}
+
+impl Client {
+    /// How many nodes the cluster had when this handle was made.
+    pub(crate) fn len(&self) -> usize {
+        self.addrs.len()
+    }
+
+    /// Runs `node ARGS -a ADDR -o OUTPUT --certs-dir DIR` against node `index`.
+    pub(crate) fn cli(
+        &self,
+        index: usize,
+        args: &[&str],
+        output: &str,
+    ) -> Result<CliOutput, String> {
+        cli_against(
+            &self.binary,
+            &self.certs_dir,
+            self.addrs[index],
+            args,
+            output,
+        )
+    }
+}
+
 fn path_str(path: &Path) -> &str {
     path.to_str().expect("temporary paths are UTF-8")
 }
@@ -721,20 +806,21 @@ pub(crate) fn digest(answer: &Value) -> Result<String, String> {
     string_field(answer, "digest")
 }
 
-/// The leader id and the replica ids, in order, of a `shard-info -o json` answer.
+/// Placement's leader and replicas, in order, of a `shard-info -o json` answer (its `target`;
+/// `leader` and `replicas` are the shard's actual config, which follows the target).
 pub(crate) fn owners(answer: &Value) -> Result<(Option<String>, Vec<String>), String> {
     check_version(answer)?;
-    let leader = match &answer["leader"] {
-        Value::Null => None,
-        leader => Some(string_field(leader, "id")?),
-    };
-    let replicas = answer["replicas"]
+    let target = answer["target"]
         .as_array()
-        .ok_or_else(|| format!("no `replicas` array in {answer}"))?
+        .ok_or_else(|| format!("no `target` array in {answer}"))?
         .iter()
-        .map(|replica| string_field(replica, "id"))
+        .map(|id| {
+            id.as_str()
+                .map(ToOwned::to_owned)
+                .ok_or_else(|| format!("a target that is not a string in {answer}"))
+        })
         .collect::<Result<Vec<_>, String>>()?;
-    Ok((leader, replicas))
+    Ok((target.first().cloned(), target))
 }
 
 /// The string field `name` of `object`.

@@ -14,6 +14,7 @@
 mod convergence;
 mod failures;
 mod harness;
+mod kv;
 mod refusals;
 
 use shardtable::{Placer, ShardId, ShardTable, TableSpec};
@@ -25,7 +26,11 @@ fn expected_table<'a>(members: impl IntoIterator<Item = &'a str>) -> ShardTable 
         .into_iter()
         .map(|id| NodeId::new(id).expect("a valid node id"));
     let ring = TokenRing::from_members(VnodeCount::DEFAULT, members);
-    Placer::new(TableSpec::default()).place(&ring)
+    let spec = TableSpec {
+        shards: shardtable::ShardCount::new(u32::from(harness::DEFAULT_SHARDS)).expect("a count"),
+        ..TableSpec::default()
+    };
+    Placer::new(spec).place(&ring)
 }
 
 /// The leader and the replicas, in order, of `shard` in `table`.

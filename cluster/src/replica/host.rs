@@ -8,7 +8,7 @@ use core::time::Duration;
 use topology::NodeId;
 
 use super::{
-    BatchId, ClientOp, ClientReply, Durable, Member, Message, Op, Persist, RejectReason,
+    BatchId, ClientOp, ClientReply, Config, Durable, Member, Message, Op, Persist, RejectReason,
     ReplicaConfig, RequestTag, ShardReplica, StorageId,
 };
 
@@ -141,6 +141,16 @@ impl ShardHost {
             seed,
         );
         self.replicas.insert(shard, replica);
+        self.drain(now, shard);
+    }
+
+    /// Creates `shard` on this node with `config` (a new cluster's first node, with itself as
+    /// the only voter) and persists it: the next [`poll_persist`](Self::poll_persist) holds it.
+    pub fn bootstrap_shard(&mut self, now: Duration, shard: u16, config: Config) {
+        self.open_shard(now, shard, Durable::bootstrap(config));
+        if let Some(replica) = self.replicas.get_mut(&shard) {
+            replica.persist_base(now);
+        }
         self.drain(now, shard);
     }
 

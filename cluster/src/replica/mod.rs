@@ -54,6 +54,15 @@ pub struct ReplicaConfig {
     /// travels alone). Up to `SNAPSHOT_WINDOW` (2) chunks per replica are in flight, and
     /// frames are at most 4 MiB, so keep it at or under 1 MiB. Default 1 MiB.
     pub snapshot_chunk_bytes: usize,
+    /// The fewest voters a leader keeps while the target names fewer members (the replication
+    /// factor): a voter that is down is not removed until a replacement has been added, so a
+    /// short outage never moves data. Default 3.
+    pub min_voters: usize,
+    /// How often an idle leader heartbeats (R11's rounds slow down when nothing happens: no
+    /// write or read for this long, every member caught up). Followers of an idle leader wait
+    /// `t_elect` more than this before standing, unless SWIM holds the leader down, in which
+    /// case they stand at once (ranked). At least `heartbeat`. Default 1 s.
+    pub idle_heartbeat: Duration,
 }
 
 impl Default for ReplicaConfig {
@@ -68,6 +77,8 @@ impl Default for ReplicaConfig {
             max_append: 256,
             compact_after: 10_000,
             snapshot_chunk_bytes: 1 << 20,
+            min_voters: 3,
+            idle_heartbeat: Duration::from_secs(1),
         }
     }
 }
@@ -207,6 +218,7 @@ impl Durable {
                 self.kv = kv.clone();
                 self.applied = base.pos.index;
                 self.base = base.clone();
+                self.tombstone = None;
             }
         }
     }
@@ -361,6 +373,13 @@ pub struct Leader {
     removing: BTreeMap<NodeId, (Member, Pos, Config)>,
     /// The promises counted to open `b` (R2.3), kept to be inspected.
     promisers: Vec<Member>,
+    /// Heartbeating slowly (see `ReplicaConfig::idle_heartbeat`).
+    idle: bool,
+    /// Members added during this ballot: the first heartbeat round whose acknowledgements
+    /// count (older ones may be from a previous membership of the same member).
+    fresh_from: BTreeMap<NodeId, u64>,
+    /// The last client operation or config change.
+    last_activity: Duration,
     /// The state frozen for snapshots, shared by every transfer that started from it.
     frozen: Option<Arc<Frozen>>,
     /// Snapshot transfers in progress (R6), per member.
@@ -554,6 +573,8 @@ pub struct ShardReplica {
     role: Role,
     commit: u64,
     leader_hint: Option<NodeId>,
+    /// The leader said it is idle (its heartbeats are slow).
+    leader_idle: bool,
     last_heard: Option<Duration>,
     highest_seen: u64,
     dead: BTreeSet<NodeId>,
@@ -603,6 +624,7 @@ impl ShardReplica {
             role: Role::Follower,
             commit: 0,
             leader_hint: None,
+            leader_idle: false,
             last_heard: None,
             highest_seen: 0,
             dead: BTreeSet::new(),
@@ -628,6 +650,18 @@ impl ShardReplica {
         replica.config_at = last_config_index(&replica.durable);
         replica.arm_election(now);
         replica
+    }
+
+    /// Writes the base (config and key-value state) into the open batch as one
+    /// `InstallSnapshot`: how a shard created on this node reaches the disk.
+    pub fn persist_base(&mut self, now: Duration) {
+        self.open_batch.push(Change::InstallSnapshot {
+            base: self.durable.base.clone(),
+            kv: self.durable.kv.clone(),
+        });
+        if self.open_since.is_none() {
+            self.open_since = Some(now);
+        }
     }
 
     /// Breaks the protocol on purpose (tests of the model checker only).
@@ -679,6 +713,14 @@ impl ShardReplica {
     pub fn candidate_ballot(&self) -> Option<&Ballot> {
         match &self.role {
             Role::Candidate(candidate) => Some(&candidate.b),
+            _ => None,
+        }
+    }
+
+    /// As a leader, the index `node` acknowledged holding; `None` otherwise.
+    pub fn matched(&self, node: &NodeId) -> Option<u64> {
+        match &self.role {
+            Role::Leader(leader) => leader.matched.get(node).copied(),
             _ => None,
         }
     }
@@ -804,6 +846,7 @@ impl ShardReplica {
         }
         match op {
             ClientOp::Get { key } => {
+                self.wake(now);
                 let Role::Leader(leader) = &mut self.role else {
                     unreachable!("checked above")
                 };
@@ -862,7 +905,11 @@ impl ShardReplica {
                 entries,
                 commit,
                 hb_seq,
-            } => self.on_append(now, from, b, prev, entries, commit, hb_seq),
+                idle,
+            } => {
+                self.leader_idle = idle;
+                self.on_append(now, from, b, prev, entries, commit, hb_seq);
+            }
             Message::AppendOk { b, matched, hb_seq } => {
                 self.on_append_ok(now, from, b, matched, hb_seq);
             }
@@ -1039,7 +1086,19 @@ impl ShardReplica {
             Some(rank) => {
                 let from = self.last_heard.map_or(now, |heard| heard.max(now));
                 let jitter = self.random_below(self.config.jitter);
-                Some(from + self.config.t_elect + self.config.t_step * rank + jitter)
+                let leader_down = self
+                    .leader_hint
+                    .as_ref()
+                    .is_some_and(|leader| self.dead.contains(leader) && leader != &self.me.node);
+                let wait = if leader_down {
+                    // SWIM already waited: stand now, in rank order.
+                    Duration::ZERO
+                } else if self.leader_idle {
+                    self.config.t_elect + self.config.idle_heartbeat
+                } else {
+                    self.config.t_elect
+                };
+                Some(from + wait + self.config.t_step * rank + jitter)
             }
             None => None,
         };
@@ -1246,6 +1305,9 @@ impl ShardReplica {
             held: Vec::new(),
             removing: BTreeMap::new(),
             promisers,
+            idle: false,
+            fresh_from: BTreeMap::new(),
+            last_activity: now,
             frozen: None,
             snapshots: BTreeMap::new(),
         };
@@ -1307,8 +1369,8 @@ impl ShardReplica {
         hb_seq: u64,
     ) {
         self.highest_seen = self.highest_seen.max(b.n);
-        if self.durable.tombstone.is_some() {
-            return; // Removed for good (R8); a new copy would be a new learner.
+        if !self.revive_for(now, &b) {
+            return; // Removed (R8), and not by a leader that re-added it.
         }
         if let Some(promised) = &self.durable.promised
             && b < *promised
@@ -1394,6 +1456,13 @@ impl ShardReplica {
         if !config.voters.iter().chain(&config.learners).any(member) {
             return; // Not a member (I5): a wiped node, or one removed.
         }
+        if leader
+            .fresh_from
+            .get(&from.node)
+            .is_some_and(|fresh| hb_seq < *fresh)
+        {
+            return; // From before it was (re-)added.
+        }
         let node = from.node.clone();
         let known = leader.matched.entry(node.clone()).or_insert(0);
         *known = (*known).max(matched);
@@ -1433,6 +1502,7 @@ impl ShardReplica {
     }
 
     fn append_write(&mut self, now: Duration, tag: RequestTag, op: Op) {
+        self.wake(now);
         let Role::Leader(leader) = &mut self.role else {
             return;
         };
@@ -1463,6 +1533,7 @@ impl ShardReplica {
         };
         let b = leader.b.clone();
         let hb_seq = leader.hb_seq;
+        let idle = leader.idle;
         let last = self.durable.last().index;
         let active = active(&self.durable, self.config_at);
         let voters: Vec<Member> = active
@@ -1507,6 +1578,7 @@ impl ShardReplica {
                         entries,
                         commit: self.commit,
                         hb_seq,
+                        idle,
                     },
                     sent_to,
                 ));
@@ -1673,11 +1745,52 @@ impl ShardReplica {
         self.appends_wanted = true;
     }
 
+    /// R8's "returns only as a new learner": a tombstoned replica takes `Append`s or a
+    /// snapshot only from a leader of a ballot at least that of the config that removed it
+    /// (such a leader holds that config, so a config naming this replica again is a later
+    /// one: a re-add). It then starts over empty, keeping its promise, in one durable change.
+    /// Returns whether the replica may go on (it is not, or no longer, tombstoned).
+    fn revive_for(&mut self, now: Duration, b: &Ballot) -> bool {
+        let Some(tombstone) = &self.durable.tombstone else {
+            return true;
+        };
+        let removed_at = tombstone.last.ballot.as_ref();
+        let newer = removed_at.is_none_or(|removed| b >= removed)
+            && tombstone
+                .promised
+                .as_ref()
+                .is_none_or(|promised| b >= promised);
+        if !newer {
+            return false;
+        }
+        let base = Base {
+            pos: Pos::ORIGIN,
+            config: Config::default(),
+        };
+        self.durable.promised = self.durable.promised.clone().or(tombstone.promised.clone());
+        self.durable.tombstone = None;
+        self.durable.log.clear();
+        self.durable.kv.clear();
+        self.durable.applied = 0;
+        self.durable.base = base.clone();
+        self.config_at = None;
+        self.commit = 0;
+        self.durable_last = 0;
+        self.open_batch.push(Change::InstallSnapshot {
+            base,
+            kv: BTreeMap::new(),
+        });
+        if self.open_since.is_none() {
+            self.open_since = Some(now);
+        }
+        true
+    }
+
     /// R6 at the receiver: follows R4's ballot rules, checks the chunk's digest, gathers
     /// chunks in order in volatile state, and installs on the last one.
     fn on_snapshot(&mut self, now: Duration, from: Member, b: Ballot, chunk: SnapshotChunk) {
         self.highest_seen = self.highest_seen.max(b.n);
-        if self.durable.tombstone.is_some() {
+        if !self.revive_for(now, &b) {
             return;
         }
         if let Some(promised) = &self.durable.promised
@@ -2003,6 +2116,7 @@ impl ShardReplica {
             .voters
             .iter()
             .find(|v| !target.contains(v) && v.node != self.me.node)
+            .filter(|_| active.voters.len() > self.config.min_voters.max(1))
         {
             next.voters.retain(|v| v != old);
         } else if target.first() != Some(&self.me) {
@@ -2049,6 +2163,24 @@ impl ShardReplica {
         if next == active {
             return;
         }
+        // A member added (perhaps again, after a removal) starts with no known progress.
+        if let Role::Leader(leader) = &mut self.role {
+            for added in next
+                .learners
+                .iter()
+                .filter(|l| !active.learners.contains(l) && !active.voters.contains(l))
+            {
+                // Acknowledgements still in flight from its previous membership (same ballot)
+                // must not count: only those of rounds after this one do.
+                leader.hb_seq += 1;
+                leader.fresh_from.insert(added.node.clone(), leader.hb_seq);
+                leader.matched.remove(&added.node);
+                leader.next.remove(&added.node);
+                leader.hb_acked.remove(&added.node);
+                leader.last_ack.remove(&added.node);
+                leader.removing.remove(&added.node);
+            }
+        }
         let Role::Leader(leader) = &self.role else {
             return;
         };
@@ -2060,6 +2192,7 @@ impl ShardReplica {
         };
         self.append(vec![entry]);
         self.appends_wanted = true;
+        self.wake(now);
     }
 
     /// R7 (2): once the target holds everything committed, ask it to stand; (5) give up at
@@ -2190,9 +2323,15 @@ impl ShardReplica {
             self.heartbeat_at = None;
             return;
         };
-        // Check-quorum: a majority acknowledged within T_elect (the leader counts itself).
+        // Check-quorum: a majority acknowledged within T_elect (the leader counts itself), or
+        // within an idle round and T_elect while idle.
         let config = active(&self.durable, self.config_at);
-        let window_start = now.saturating_sub(self.config.t_elect);
+        let window = if leader.idle {
+            self.config.t_elect + self.config.idle_heartbeat
+        } else {
+            self.config.t_elect
+        };
+        let window_start = now.saturating_sub(window);
         let recent = config
             .voters
             .iter()
@@ -2235,10 +2374,60 @@ impl ShardReplica {
         for (member, message) in removing {
             self.send(member, message, false);
         }
+        let idle = self.is_idle(now);
+        if let Role::Leader(leader) = &mut self.role {
+            leader.idle = idle;
+        }
         self.send_appends(true);
         self.progress_transfer(now);
         self.reconfigure(now);
-        self.heartbeat_at = Some(now + self.config.heartbeat);
+        let every = if self.leader_is_idle() {
+            self.config.idle_heartbeat.max(self.config.heartbeat)
+        } else {
+            self.config.heartbeat
+        };
+        self.heartbeat_at = Some(now + every);
+    }
+
+    fn leader_is_idle(&self) -> bool {
+        matches!(&self.role, Role::Leader(leader) if leader.idle)
+    }
+
+    /// An established leader with nothing in flight: no client operation or config change
+    /// for `idle_heartbeat`, everything committed, every member caught up.
+    fn is_idle(&self, now: Duration) -> bool {
+        let Role::Leader(leader) = &self.role else {
+            return false;
+        };
+        let last = self.durable.last().index;
+        let active = active(&self.durable, self.config_at);
+        leader.established
+            && now.saturating_sub(leader.last_activity) >= self.config.idle_heartbeat
+            && self.commit == last
+            && leader.writes.is_empty()
+            && leader.reads.is_empty()
+            && leader.held.is_empty()
+            && leader.transfer.is_none()
+            && leader.removing.is_empty()
+            && active.learners.is_empty()
+            && active
+                .voters
+                .iter()
+                .filter(|v| v.node != self.me.node)
+                .all(|v| leader.matched.get(&v.node) == Some(&last))
+    }
+
+    /// A client operation or config change: back to quick heartbeats. Leaving idle restarts
+    /// the check-quorum clock (acknowledgements were slow while idle).
+    fn wake(&mut self, now: Duration) {
+        if let Role::Leader(leader) = &mut self.role {
+            leader.last_activity = now;
+            if leader.idle {
+                leader.idle = false;
+                leader.since = now;
+                self.heartbeat_at = Some(now);
+            }
+        }
     }
 
     // ---- role changes ----

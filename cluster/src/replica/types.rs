@@ -207,6 +207,10 @@ pub enum Message {
         commit: u64,
         /// The heartbeat round (R9).
         hb_seq: u64,
+        /// The leader is idle (nothing to replicate, everyone caught up): its next heartbeat
+        /// comes within `idle_heartbeat`, not `heartbeat`, so followers wait that much longer
+        /// before standing (unless SWIM holds the leader down).
+        idle: bool,
     },
     /// The follower holds the leader's log up to `matched`.
     AppendOk {

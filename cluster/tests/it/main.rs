@@ -5,4 +5,5 @@ mod membership;
 mod model;
 mod net;
 mod replica;
+mod shards;
 mod wire;

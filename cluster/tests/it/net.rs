@@ -8,6 +8,7 @@ use std::collections::{BTreeMap, BinaryHeap};
 use std::net::{Ipv4Addr, SocketAddr};
 use std::time::Duration;
 
+use cluster::replica::{ClientReply, StorageId};
 use cluster::wire::{Request, Response};
 use cluster::{Cluster, ClusterSpec, Config, Event, Identity, NodeMeta, Transmit};
 use rand::rngs::StdRng;
@@ -65,6 +66,8 @@ pub(crate) struct Slot {
     pub(crate) held: Vec<(usize, Vec<u8>)>,
     pub(crate) events: Vec<(Duration, Event)>,
     pub(crate) generation: u64,
+    /// Client answers, by token (persists are durable at once here).
+    pub(crate) replies: Vec<(u64, ClientReply)>,
 }
 
 pub(crate) struct Net {
@@ -99,7 +102,7 @@ impl Net {
             addr: addr(index),
             generation,
             spec: spec.fingerprint(),
-            meta: NodeMeta::default(),
+            meta: NodeMeta::new(StorageId(1000 + index as u128)),
         }
     }
 
@@ -122,6 +125,7 @@ impl Net {
                 held: Vec::new(),
                 events: Vec::new(),
                 generation: 0,
+                replies: Vec::new(),
             });
         }
         let welcome = match seed_node {
@@ -157,6 +161,25 @@ impl Net {
         slot.held.clear();
         self.flush(index);
         Ok(())
+    }
+
+    /// Node `index` creates every shard with itself as the only voter (a new cluster).
+    pub(crate) fn bootstrap_shards(&mut self, index: usize) {
+        let now = self.now;
+        if let Some(core) = self.slots[index].core.as_mut() {
+            core.bootstrap_shards(now);
+        }
+        self.flush(index);
+    }
+
+    /// A client operation at node `index`, answered in its slot's `replies` with `token`.
+    pub(crate) fn client(&mut self, index: usize, token: u64, op: cluster::replica::ClientOp) {
+        let now = self.now;
+        if let Some(core) = self.slots[index].core.as_mut() {
+            core.handle_client(now, token, op)
+                .expect("a valid operation");
+        }
+        self.flush(index);
     }
 
     pub(crate) fn crash(&mut self, index: usize) {
@@ -253,6 +276,12 @@ impl Net {
             while let Some(event) = core.poll_event() {
                 slot.events.push((now, event));
             }
+            while let Some(persist) = core.poll_persist() {
+                core.handle_persisted(now, persist.batch);
+            }
+            while let Some(reply) = core.poll_client_reply() {
+                slot.replies.push(reply);
+            }
             let Some(core) = self.slots[index].core.as_mut() else {
                 return;
             };
@@ -313,6 +342,16 @@ impl Net {
                     };
                     if let Some(core) = self.slots[index].core.as_mut() {
                         core.handle_response(now, id, answer);
+                    }
+                }
+                Transmit::Replicate { to, batch, .. } => {
+                    if let Some(target) = self.index_of(to)
+                        && !self.slots[target].paused
+                        && let Some(core) = self.slots[target].core.as_mut()
+                    {
+                        let request = Request::Replicate(batch);
+                        core.handle_request(now, Some(&name(index)), request);
+                        self.flush(target);
                     }
                 }
                 Transmit::Connect { .. } | Transmit::Forget { .. } => {}

@@ -456,6 +456,7 @@ fn an_append_contradicting_a_committed_entry_is_dropped_not_a_panic() {
         entries: vec![entry],
         commit: 1,
         hb_seq: 1,
+        idle: false,
     };
     replica.handle_message(
         group.now,

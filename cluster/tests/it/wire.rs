@@ -42,6 +42,7 @@ proptest! {
                 entries: vec![entry],
                 commit: index,
                 hb_seq: 3,
+                idle: false,
             })],
         };
         let bytes = wire::encode(&batch);

@@ -155,3 +155,23 @@ async fn close_tells_peers_and_refuses_new_work() {
         "{error}"
     );
 }
+
+/// A peer that never answers the handshake (a bound UDP socket that reads nothing): the
+/// deadline passes while connecting, so the error says nothing was sent (safe to retry).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_deadline_while_connecting_means_nothing_was_sent() {
+    let certs = Certs::new();
+    let (n1, _n1_inbound) = certs.bind("n1", Limits::default());
+    let silent = std::net::UdpSocket::bind("127.0.0.1:0").expect("a silent socket");
+    let error = n1
+        .request(
+            silent.local_addr().expect("an address"),
+            None,
+            Bytes::from("x"),
+            Duration::from_millis(300),
+        )
+        .await
+        .expect_err("nobody answers");
+    assert!(matches!(error, RequestError::Connect { .. }), "{error}");
+    assert!(error.nothing_sent(), "{error}");
+}

@@ -172,6 +172,10 @@ fn replica_config(knobs: Knobs) -> ReplicaConfig {
         heartbeat: Duration::from_millis(100),
         t_disk: Duration::from_secs(3600),
         max_append: knobs.max_append,
+        // Placement policy, not protocol: the models remove voters down to two (M4).
+        min_voters: 2,
+        // Time is not modeled: a leader never turns idle (its flag would only split states).
+        idle_heartbeat: Duration::from_secs(3600),
         ..ReplicaConfig::default()
     }
 }

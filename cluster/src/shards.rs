@@ -1,0 +1,200 @@
+//! The shards a node holds, driven from membership: [`Cluster`]'s side of the replication
+//! protocol. Placement (the table) becomes each held shard's *target*; the replicas' messages
+//! travel as [`Transmit::Replicate`](crate::Transmit::Replicate); their persists and client
+//! answers are polled here.
+//!
+//! What it deliberately does not do: it never creates shard state from placement alone. A
+//! shard exists on a node because this node bootstrapped the cluster
+//! ([`Cluster::bootstrap_shards`]), because the disk held it ([`Cluster::open_shards`]), or
+//! because a leader sent it entries or a snapshot (PROTOCOL.md R6).
+
+use core::time::Duration;
+use std::collections::{BTreeMap, BTreeSet};
+
+use shardtable::ShardId;
+use topology::NodeId;
+
+use crate::Error;
+use crate::core::Cluster;
+use crate::replica::{
+    ClientOp, ClientReply, Config, Durable, HostBatchId, HostPersist, Member, RequestTag,
+    ShardHost, StorageId,
+};
+use crate::wire::{MAX_KEY_LEN, ShardDigest};
+
+impl Cluster {
+    /// Restarts the shards this node's disk holds.
+    pub fn open_shards(&mut self, now: Duration, shards: BTreeMap<u16, Durable>) {
+        for (shard, durable) in shards {
+            self.host.open_shard(now, shard, durable);
+        }
+        self.refresh_targets(now);
+    }
+
+    /// A new cluster's first node: creates every shard with itself as the only voter (later
+    /// members join each shard as learners, through its leader). The next
+    /// [`poll_persist`](Self::poll_persist) holds them all.
+    pub fn bootstrap_shards(&mut self, now: Duration) {
+        let me = self.me();
+        for shard in 0..self.spec().table.shards.get() {
+            let Ok(shard) = u16::try_from(shard) else {
+                break;
+            };
+            if self.host.replica(shard).is_none() {
+                let config = Config {
+                    voters: vec![me.clone()],
+                    learners: Vec::new(),
+                };
+                self.host.bootstrap_shard(now, shard, config);
+            }
+        }
+        self.refresh_targets(now);
+    }
+
+    /// This node as a shard member.
+    fn me(&self) -> Member {
+        let identity = self.identity();
+        Member {
+            node: identity.node_id.clone(),
+            storage: identity.meta.storage,
+        }
+    }
+
+    /// Hands placement's replica set of every held shard to its replica (only an established
+    /// leader acts on it), and the members held down to every replica (for ranking).
+    pub(crate) fn refresh_targets(&mut self, now: Duration) {
+        let mut storage: BTreeMap<NodeId, StorageId> = BTreeMap::new();
+        for identity in self.active_identities() {
+            storage.insert(identity.node_id.clone(), identity.meta.storage);
+        }
+        let me = self.me();
+        storage.insert(me.node.clone(), me.storage);
+        let dead: BTreeSet<NodeId> = self
+            .down_members()
+            .into_iter()
+            .filter(|node| !storage.contains_key(node))
+            .collect();
+        self.host.handle_view(now, &dead);
+        let shards: Vec<u16> = self.host.replicas().map(|(shard, _)| shard).collect();
+        for shard in shards {
+            let Ok(info) = self.table().shard_info(ShardId::new(shard)) else {
+                continue;
+            };
+            let target: Option<Vec<Member>> = info
+                .replicas()
+                .map(|node| {
+                    storage.get(node).map(|storage| Member {
+                        node: node.clone(),
+                        storage: *storage,
+                    })
+                })
+                .collect();
+            match target {
+                Some(target) if !target.is_empty() => {
+                    self.host.handle_target(now, shard, target);
+                }
+                _ => {}
+            }
+        }
+    }
+
+    /// A client operation, answered later through
+    /// [`poll_client_reply`](Self::poll_client_reply) with `token`. The key's shard answers if
+    /// this node holds it; otherwise the answer is `Moved` to placement's leader (or
+    /// `Unavailable`). A key or value over the limits is refused at once, changing nothing.
+    pub fn handle_client(&mut self, now: Duration, token: u64, op: ClientOp) -> Result<(), Error> {
+        let (key, value_len) = match &op {
+            ClientOp::Put { key, value } => (key, value.len()),
+            ClientOp::Get { key } | ClientOp::Del { key } => (key, 0),
+        };
+        if key.len() > MAX_KEY_LEN {
+            return Err(Error::KeyTooLong {
+                len: key.len(),
+                max: MAX_KEY_LEN,
+            });
+        }
+        let max = self.max_value_len();
+        if value_len > max {
+            return Err(Error::ValueTooLong {
+                len: value_len,
+                max,
+            });
+        }
+        let shard = self.table().shard_for(key).get();
+        if self.host.replica(shard).is_some() {
+            let tag = RequestTag {
+                client: 0,
+                req: token,
+                attempt: 0,
+            };
+            self.host.handle_client(now, shard, tag, op);
+        } else {
+            let me = self.identity().node_id.clone();
+            let leader = self
+                .table()
+                .shard_info(ShardId::new(shard))
+                .ok()
+                .and_then(|info| info.leader().cloned())
+                .filter(|leader| leader != &me);
+            let reply = match leader {
+                Some(leader) => ClientReply::Moved {
+                    b: None,
+                    leader: Some(leader),
+                },
+                None => ClientReply::Unavailable,
+            };
+            self.client_replies.push_back((token, reply));
+        }
+        Ok(())
+    }
+
+    /// The next client answer, with the token given to [`handle_client`](Self::handle_client).
+    pub fn poll_client_reply(&mut self) -> Option<(u64, ClientReply)> {
+        if let Some(reply) = self.client_replies.pop_front() {
+            return Some(reply);
+        }
+        self.host
+            .poll_reply()
+            .map(|(_, tag, reply)| (tag.req, reply))
+    }
+
+    /// The next group commit to make durable (one transaction for all shards); report it with
+    /// [`handle_persisted`](Self::handle_persisted).
+    pub fn poll_persist(&mut self) -> Option<HostPersist> {
+        self.host.poll_persist()
+    }
+
+    /// Group commit `batch` is durable.
+    pub fn handle_persisted(&mut self, now: Duration, batch: HostBatchId) {
+        self.host.handle_persisted(now, batch);
+    }
+
+    /// Each held replica's applied index and a checksum of its key-value state (tombstoned
+    /// replicas are left out).
+    pub fn shard_digests(&self) -> Vec<ShardDigest> {
+        self.host
+            .replicas()
+            .filter(|(_, replica)| replica.durable().tombstone.is_none())
+            .map(|(shard, replica)| {
+                let durable = replica.durable();
+                let mut hasher = blake3::Hasher::new();
+                for (key, value) in &durable.kv {
+                    hasher.update(&(key.len() as u64).to_le_bytes());
+                    hasher.update(key);
+                    hasher.update(&(value.len() as u64).to_le_bytes());
+                    hasher.update(value);
+                }
+                ShardDigest {
+                    shard,
+                    applied: durable.applied,
+                    checksum: *hasher.finalize().as_bytes(),
+                }
+            })
+            .collect()
+    }
+
+    /// Every shard replica this node holds.
+    pub fn shards(&self) -> &ShardHost {
+        &self.host
+    }
+}

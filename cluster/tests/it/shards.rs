@@ -1,0 +1,101 @@
+//! Shards driven by membership on the virtual network: a new cluster's first node creates
+//! every shard, joiners become learners and voters through each shard's leader, and clients
+//! write and read through any node.
+
+use std::time::Duration;
+
+use cluster::ClusterSpec;
+use cluster::replica::{ClientOp, ClientReply};
+use shardtable::{ShardCount, TableSpec};
+use topology::VnodeCount;
+
+use crate::net::{Net, name, seeds};
+
+const SHARDS: u32 = 16;
+
+fn small_spec() -> ClusterSpec {
+    let table = TableSpec {
+        shards: ShardCount::new(SHARDS).unwrap(),
+        ..TableSpec::default()
+    };
+    ClusterSpec::new("test", 7, table, VnodeCount::new(64).unwrap()).unwrap()
+}
+
+/// Three nodes: `n0` bootstraps the shards, `n1` and `n2` join.
+fn three_nodes(seed: u64) -> Net {
+    let mut net = Net::new(seed);
+    net.spec = small_spec();
+    net.start(0, None).unwrap();
+    net.bootstrap_shards(0);
+    net.run_until(Duration::from_secs(1));
+    net.start(1, Some(0)).unwrap();
+    net.start(2, Some(1)).unwrap();
+    net.run_until(Duration::from_secs(15));
+    net
+}
+
+/// Runs `op` through node `at`, following `Moved` answers, until it is answered `Ok`.
+fn execute(net: &mut Net, mut at: usize, token: u64, op: ClientOp) -> Option<Vec<u8>> {
+    for _ in 0..50 {
+        net.slots[at].replies.clear();
+        net.client(at, token, op.clone());
+        let deadline = net.now + Duration::from_secs(2);
+        loop {
+            if let Some((_, reply)) = net.slots[at].replies.iter().find(|(t, _)| *t == token) {
+                match reply.clone() {
+                    ClientReply::Ok { value } => return value,
+                    ClientReply::Moved {
+                        leader: Some(leader),
+                        ..
+                    } => {
+                        at = (0..3).find(|&i| name(i) == leader).expect("a node");
+                    }
+                    other => {
+                        let now = net.now;
+                        net.run_until(now + Duration::from_millis(100));
+                        eprintln!("retrying after {other:?}");
+                    }
+                }
+                break;
+            }
+            let now = net.now;
+            assert!(now < deadline, "no answer within 2 s");
+            net.run_until(now + Duration::from_millis(5));
+        }
+    }
+    panic!("{op:?} never succeeded");
+}
+
+#[test]
+fn joiners_become_voters_of_every_shard_and_clients_read_their_writes() {
+    for seed in seeds(3) {
+        let mut net = three_nodes(seed);
+        for shard in 0..SHARDS as u16 {
+            for index in 0..3 {
+                let replica = net
+                    .core(index)
+                    .shards()
+                    .replica(shard)
+                    .unwrap_or_else(|| panic!("seed {seed}: n{index} holds no shard {shard}"));
+                let voters = &replica.durable().active_config().voters;
+                assert_eq!(
+                    voters.len(),
+                    3,
+                    "seed {seed}: shard {shard} on n{index} has voters {voters:?}"
+                );
+            }
+        }
+        for key in 0..20u32 {
+            let key = format!("key-{key}").into_bytes();
+            let value = format!("value-{seed}").into_bytes();
+            let at = (key.len() + key[key.len() - 1] as usize) % 3;
+            let put = ClientOp::Put {
+                key: key.clone(),
+                value: value.clone(),
+            };
+            execute(&mut net, at, 1, put);
+            let read = execute(&mut net, (at + 1) % 3, 2, ClientOp::Get { key });
+            assert_eq!(read, Some(value), "seed {seed}");
+        }
+    }
+}

@@ -1,0 +1,314 @@
+//! The client library the CLI (and `node bench`) use: one key operation at a time, sent to
+//! the leader of the key's shard.
+//!
+//! Routing: the shard and its placement leader come from any node (`shard-for`), then every
+//! `moved` answer is followed to the leader it names. Retries: an attempt the cluster answered
+//! with `moved` or `unavailable` was never appended (PROTOCOL.md R10), and a request that never
+//! left this process was never seen, so both are retried until the deadline. A write that may
+//! have reached a leader without a definite answer (a timeout, a closed connection, or
+//! `indeterminate`) is *not* retried: it is reported as indeterminate, because it may yet
+//! commit. Reads are always safe to retry.
+//!
+//! Clones share one routing cache (node addresses, the last leader seen for each shard, and,
+//! once [`KvClient::learn_shard_count`] ran, the cluster's shard count, so a key's shard is
+//! computed locally and a cached leader is asked directly, without a `shard-for` round trip
+//! to the seed first). Without the shard count every operation asks the seed where its key
+//! lives, as a single CLI call does.
+//!
+//! What it deliberately does not do: no connection pooling beyond the endpoint's cache, no
+//! pipelining (a caller runs many operations concurrently with many clients), no
+//! deduplication of retried writes (none is ever retried once it may have been delivered).
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use cluster::replica::{ClientOp, ClientReply};
+use cluster::wire::{self, Request, Response};
+use shardtable::ShardCount;
+use topology::NodeId;
+use transport::Endpoint;
+
+/// Why an operation did not succeed.
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum KvError {
+    /// The shard had no reachable leader with a majority before the deadline; the operation
+    /// was not applied.
+    #[error("unavailable: no quorum for shard {shard}")]
+    Unavailable {
+        /// The key's shard.
+        shard: u16,
+    },
+    /// A write may or may not have been applied (its leader was lost before it answered).
+    #[error("indeterminate: the write may or may not have been applied ({why})")]
+    Indeterminate {
+        /// What happened.
+        why: String,
+    },
+    /// The node refused the request (a key or value over the limits, ...); nothing changed.
+    #[error("refused: {0}")]
+    Refused(String),
+    /// The node this client asks first could not be reached.
+    #[error("{0:#}")]
+    Unreachable(anyhow::Error),
+}
+
+/// A client of one cluster, reached through `seed`. Clones share the endpoint and the routing
+/// cache.
+#[derive(Clone)]
+pub(crate) struct KvClient {
+    endpoint: Endpoint,
+    seed: SocketAddr,
+    /// The longest one attempt may wait.
+    attempt_timeout: Duration,
+    /// Shared by every clone; locked only between awaits, never across one.
+    routes: Arc<Mutex<Routes>>,
+}
+
+/// What a client knows about where things are.
+#[derive(Default)]
+struct Routes {
+    /// Where nodes listen, as the seed last said.
+    addrs: HashMap<NodeId, SocketAddr>,
+    /// The leader that last answered for each shard.
+    leaders: HashMap<u16, SocketAddr>,
+    /// The cluster's shard count, once learned: keys are then mapped to shards locally.
+    shards: Option<ShardCount>,
+}
+
+impl KvClient {
+    pub(crate) fn new(endpoint: Endpoint, seed: SocketAddr, attempt_timeout: Duration) -> Self {
+        KvClient {
+            endpoint,
+            seed,
+            attempt_timeout,
+            routes: Arc::new(Mutex::new(Routes::default())),
+        }
+    }
+
+    fn routes(&self) -> MutexGuard<'_, Routes> {
+        // A panic while holding the lock cannot leave the maps inconsistent (each update is
+        // one insert or remove), so a poisoned lock is still usable.
+        self.routes
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// Asks the seed for the cluster spec and keeps its shard count, so later operations map
+    /// keys to shards locally. Returns the shard count.
+    pub(crate) async fn learn_shard_count(&self, deadline: Instant) -> Result<ShardCount, KvError> {
+        match self.ask_seed(&Request::Status, deadline).await? {
+            Response::Status(view) => {
+                let count = view.spec.table.shards;
+                self.routes().shards = Some(count);
+                Ok(count)
+            }
+            Response::Refused { reason } => Err(KvError::Refused(reason)),
+            other => Err(KvError::Unreachable(anyhow::anyhow!(
+                "unexpected answer from {}: {other:?}",
+                self.seed
+            ))),
+        }
+    }
+
+    /// Asks the seed where `shard` leads and caches the answer (a warm-up for many clients).
+    pub(crate) async fn learn_leader(&self, shard: u16, deadline: Instant) -> Result<(), KvError> {
+        let request = Request::ShardInfo {
+            shard: u32::from(shard),
+        };
+        if let Response::ShardInfo(view) = self.ask_seed(&request, deadline).await?
+            && let Some(leader) = view.leader
+            && let Some(addr) = leader.addr
+        {
+            let mut routes = self.routes();
+            routes.addrs.insert(leader.id, addr);
+            routes.leaders.entry(shard).or_insert(addr);
+        }
+        Ok(())
+    }
+
+    /// The key's shard and cached leader, when the shard count is known and a leader cached.
+    fn cached_route(&self, key: &[u8]) -> Option<(u16, SocketAddr)> {
+        let routes = self.routes();
+        let shard = shardtable::shard_for(key, routes.shards?).get();
+        routes.leaders.get(&shard).map(|leader| (shard, *leader))
+    }
+
+    /// Runs `op` until it succeeds, fails definitely, or `deadline` passes.
+    pub(crate) async fn execute(
+        &self,
+        op: ClientOp,
+        deadline: Instant,
+    ) -> Result<Option<Vec<u8>>, KvError> {
+        let key = match &op {
+            ClientOp::Put { key, .. } | ClientOp::Get { key } | ClientOp::Del { key } => {
+                key.clone()
+            }
+        };
+        let write = !matches!(op, ClientOp::Get { .. });
+        let (shard, mut target) = match self.cached_route(&key) {
+            Some(route) => route,
+            None => {
+                let (shard, placement_leader) = self.route(&key, deadline).await?;
+                let cached = self.routes().leaders.get(&shard).copied();
+                (shard, cached.or(placement_leader).unwrap_or(self.seed))
+            }
+        };
+        let body = Bytes::from(wire::encode(&Request::Client(op)));
+        let mut backoff = Duration::from_millis(10);
+        let mut moves = 0;
+        loop {
+            let now = Instant::now();
+            if now >= deadline {
+                return Err(KvError::Unavailable { shard });
+            }
+            let timeout = (deadline - now).min(self.attempt_timeout);
+            let answer = self
+                .endpoint
+                .request(target, None, body.clone(), timeout)
+                .await;
+            let reply = match answer {
+                Ok(bytes) => match wire::decode::<Response>(&bytes) {
+                    Ok(Response::Client(reply)) => reply,
+                    Ok(Response::Refused { reason }) => return Err(KvError::Refused(reason)),
+                    Ok(other) => {
+                        return Err(KvError::Unreachable(anyhow::anyhow!(
+                            "unexpected answer from {target}: {other:?}"
+                        )));
+                    }
+                    Err(error) => {
+                        return Err(KvError::Unreachable(
+                            anyhow::Error::from(error)
+                                .context(format!("decoding {target}'s answer")),
+                        ));
+                    }
+                },
+                Err(error) if write && !error.nothing_sent() => {
+                    // The leader may be gone: ask again next time; after a timeout, on a new
+                    // connection (QUIC does not notice a dead peer before its idle timeout).
+                    self.routes().leaders.remove(&shard);
+                    if matches!(error, transport::RequestError::Timeout { .. }) {
+                        self.endpoint.forget(target);
+                    }
+                    return Err(KvError::Indeterminate {
+                        why: error.to_string(),
+                    });
+                }
+                Err(error) => {
+                    // Never delivered (or a read): ask again where the shard leads.
+                    tracing::debug!(%target, %error, "attempt failed");
+                    self.routes().leaders.remove(&shard);
+                    if matches!(error, transport::RequestError::Timeout { .. }) {
+                        self.endpoint.forget(target);
+                    }
+                    tokio::time::sleep(
+                        backoff.min(deadline.saturating_duration_since(Instant::now())),
+                    )
+                    .await;
+                    backoff = (backoff * 2).min(Duration::from_millis(200));
+                    target = match self.route(&key, deadline).await {
+                        Ok((_, Some(leader))) if leader != target => leader,
+                        _ => self.seed,
+                    };
+                    continue;
+                }
+            };
+            match reply {
+                ClientReply::Ok { value } => {
+                    self.routes().leaders.insert(shard, target);
+                    return Ok(value);
+                }
+                ClientReply::Moved {
+                    leader: Some(leader),
+                    ..
+                } => {
+                    moves += 1;
+                    match self.resolve(&leader, deadline).await {
+                        Some(addr) if addr != target && moves <= 3 => target = addr,
+                        _ => {
+                            // Bouncing between nodes whose views disagree: wait for them.
+                            tokio::time::sleep(backoff).await;
+                            backoff = (backoff * 2).min(Duration::from_millis(200));
+                            moves = 0;
+                            if let Some(addr) = self.resolve(&leader, deadline).await {
+                                target = addr;
+                            }
+                        }
+                    }
+                }
+                ClientReply::Moved { leader: None, .. } | ClientReply::Unavailable => {
+                    tokio::time::sleep(backoff).await;
+                    backoff = (backoff * 2).min(Duration::from_millis(200));
+                }
+                ClientReply::Indeterminate if !write => {}
+                ClientReply::Indeterminate => {
+                    return Err(KvError::Indeterminate {
+                        why: format!("shard {shard}'s leader lost its leadership"),
+                    });
+                }
+            }
+        }
+    }
+
+    /// The key's shard and its placement leader's address, from the seed.
+    async fn route(
+        &self,
+        key: &[u8],
+        deadline: Instant,
+    ) -> Result<(u16, Option<SocketAddr>), KvError> {
+        let request = Request::ShardFor { key: key.to_vec() };
+        match self.ask_seed(&request, deadline).await? {
+            Response::ShardFor(view) => {
+                let leader = view.leader.and_then(|leader| {
+                    if let Some(addr) = leader.addr {
+                        self.routes().addrs.insert(leader.id.clone(), addr);
+                    }
+                    leader.addr
+                });
+                Ok((view.shard, leader))
+            }
+            Response::Refused { reason } => Err(KvError::Refused(reason)),
+            other => Err(KvError::Unreachable(anyhow::anyhow!(
+                "unexpected answer from {}: {other:?}",
+                self.seed
+            ))),
+        }
+    }
+
+    /// Where `node` listens, from the cache or the seed's membership list.
+    async fn resolve(&self, node: &NodeId, deadline: Instant) -> Option<SocketAddr> {
+        if let Some(addr) = self.routes().addrs.get(node) {
+            return Some(*addr);
+        }
+        if let Ok(Response::Members(view)) = self.ask_seed(&Request::Members, deadline).await {
+            let mut routes = self.routes();
+            for member in view.members {
+                routes.addrs.insert(member.id, member.addr);
+            }
+        }
+        self.routes().addrs.get(node).copied()
+    }
+
+    async fn ask_seed(&self, request: &Request, deadline: Instant) -> Result<Response, KvError> {
+        let timeout = deadline
+            .saturating_duration_since(Instant::now())
+            .min(self.attempt_timeout)
+            .max(Duration::from_millis(1));
+        let answer = self
+            .endpoint
+            .request(self.seed, None, Bytes::from(wire::encode(request)), timeout)
+            .await
+            .map_err(|error| {
+                KvError::Unreachable(
+                    anyhow::Error::from(error).context(format!("asking {}", self.seed)),
+                )
+            })?;
+        wire::decode::<Response>(&answer).map_err(|error| {
+            KvError::Unreachable(
+                anyhow::Error::from(error).context(format!("decoding {}'s answer", self.seed)),
+            )
+        })
+    }
+}

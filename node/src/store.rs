@@ -1,0 +1,667 @@
+//! Durable shard storage: every shard replica's [`Durable`] state in one redb database,
+//! `<data-dir>/shards.redb`, with one write transaction per [`HostPersist`] group commit (R0).
+//!
+//! [`Store::open`] creates or opens the database, creates or checks its format version and the
+//! node-wide [`StorageId`], and loads every shard. [`Store::commit`] makes a whole
+//! `HostPersist` durable in one transaction with [`Durability::Immediate`], applying each
+//! [`Change`] exactly as [`Durable::apply_change`] does in memory. [`StoreWorker::spawn`] runs
+//! the commits on a dedicated thread, off the event loop, and reports durable batch ids in
+//! order through a [`StoreHandle`].
+//!
+//! What it does not do: merge batches (the host has at most one outstanding), retry a failed
+//! commit (after a failed fsync the disk's state is unknown: the node aborts, R0), shrink the
+//! file, or lock the data dir (the data dir's lock does; redb also refuses a second open of the
+//! same file).
+//!
+//! # Tables
+//!
+//! | table | key | value |
+//! |---|---|---|
+//! | `meta` | `"format"`, `"storage_id"` | `u32` / `u128`, little endian |
+//! | `shards` | shard `u16` | postcard of [`ShardRow`]: promised, base, applied, tombstone |
+//! | `log` | `(shard, index)` | postcard of an [`Entry`] |
+//! | `kv` | `(shard, key)` | value |
+//!
+//! A shard's log rows are keyed by position: the `i`-th entry after the base (from 1) sits at
+//! `base.pos.index + i`, so the rows of a shard are always exactly `base + 1 ..= base + len`,
+//! which [`Store::open`] checks.
+
+// The daemon does not call the store yet: wiring it into the node loop comes next.
+#![allow(dead_code)]
+
+use std::collections::BTreeMap;
+use std::collections::btree_map::Entry as MapEntry;
+use std::ops::Bound;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, mpsc};
+use std::thread::JoinHandle;
+
+use anyhow::{Context, Result, anyhow, bail};
+use cluster::replica::{
+    Ballot, Base, Change, Config, Durable, Entry, HostBatchId, HostPersist, Pos, StorageId,
+    Tombstone,
+};
+use redb::{
+    Database, Durability, ReadOnlyTable, ReadableDatabase, ReadableTable, Table, TableDefinition,
+    TableHandle, WriteTransaction,
+};
+use serde::{Deserialize, Serialize};
+use tokio::sync::mpsc as tokio_mpsc;
+
+/// The on-disk format this build reads and writes.
+pub(crate) const FORMAT_VERSION: u32 = 1;
+
+const META: TableDefinition<&str, &[u8]> = TableDefinition::new("meta");
+const SHARDS: TableDefinition<u16, &[u8]> = TableDefinition::new("shards");
+const LOG: TableDefinition<(u16, u64), &[u8]> = TableDefinition::new("log");
+const KV: TableDefinition<(u16, &[u8]), &[u8]> = TableDefinition::new("kv");
+
+const FORMAT_KEY: &str = "format";
+const STORAGE_ID_KEY: &str = "storage_id";
+
+/// A shard's durable state except its log and key-value pairs.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+struct ShardRow {
+    promised: Option<Ballot>,
+    base_pos: Pos,
+    base_config: Config,
+    applied: u64,
+    tombstone: Option<TombstoneRow>,
+}
+
+/// [`Tombstone`], in serde form.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+struct TombstoneRow {
+    promised: Option<Ballot>,
+    last: Pos,
+    config: Config,
+}
+
+impl ShardRow {
+    fn of(durable: &Durable) -> Self {
+        ShardRow {
+            promised: durable.promised.clone(),
+            base_pos: durable.base.pos.clone(),
+            base_config: durable.base.config.clone(),
+            applied: durable.applied,
+            tombstone: durable.tombstone.as_ref().map(|tombstone| TombstoneRow {
+                promised: tombstone.promised.clone(),
+                last: tombstone.last.clone(),
+                config: tombstone.config.clone(),
+            }),
+        }
+    }
+
+    fn into_durable(self, log: Vec<Entry>, kv: BTreeMap<Vec<u8>, Vec<u8>>) -> Durable {
+        Durable {
+            promised: self.promised,
+            base: Base {
+                pos: self.base_pos,
+                config: self.base_config,
+            },
+            log,
+            kv,
+            applied: self.applied,
+            tombstone: self.tombstone.map(|tombstone| Tombstone {
+                promised: tombstone.promised,
+                last: tombstone.last,
+                config: tombstone.config,
+            }),
+        }
+    }
+}
+
+/// What [`Store::open`] found.
+#[derive(Debug)]
+pub(crate) struct Opened {
+    /// The store, ready for commits.
+    pub(crate) store: Store,
+    /// The node-wide storage id, created with the database.
+    pub(crate) storage_id: StorageId,
+    /// Every shard's durable state.
+    pub(crate) shards: BTreeMap<u16, Durable>,
+}
+
+/// The shard database. One per node; not shared between threads (see [`StoreWorker`]).
+#[derive(Debug)]
+pub(crate) struct Store {
+    /// Shared with the [`StoreHandle`], whose snapshots read while the worker writes.
+    db: Arc<Database>,
+    path: PathBuf,
+}
+
+impl Store {
+    /// Opens or creates the database at `path` (`<data-dir>/shards.redb`) and loads every
+    /// shard. A new database gets a new random [`StorageId`], so a wiped or recreated database
+    /// is a new member (PROTOCOL.md I5).
+    pub(crate) fn open(path: &Path) -> Result<Opened> {
+        let shown = path.display();
+        let db = Database::create(path)
+            .with_context(|| format!("opening the shard store {shown} (is it a redb database?)"))?;
+        let storage_id =
+            init_meta(&db).with_context(|| format!("reading the shard store {shown}"))?;
+        let shards = load(&db).with_context(|| format!("loading the shards of {shown}"))?;
+        let store = Store {
+            db: Arc::new(db),
+            path: path.to_owned(),
+        };
+        Ok(Opened {
+            store,
+            storage_id,
+            shards,
+        })
+    }
+
+    /// The database's path.
+    pub(crate) fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// Writes whole shard states, replacing what the store holds for them, in one durable
+    /// transaction: for a bootstrap, whose initial config ([`Durable::bootstrap`]) reaches the
+    /// disk through no [`Change`]. A shard the store does not hold starts from
+    /// [`Durable::empty`] at its first commit.
+    pub(crate) fn create_shards<'a>(
+        &mut self,
+        shards: impl IntoIterator<Item = (u16, &'a Durable)>,
+    ) -> Result<()> {
+        let txn = self.begin_write()?;
+        {
+            let mut tables = Tables::open(&txn)?;
+            for (shard, durable) in shards {
+                tables
+                    .put_shard(shard, durable)
+                    .with_context(|| format!("writing shard {shard}"))?;
+            }
+        }
+        txn.commit()
+            .with_context(|| format!("committing new shards to {}", self.path.display()))
+    }
+
+    /// Makes `persist` durable: one write transaction for every shard in it, with
+    /// [`Durability::Immediate`], applying each change as [`Durable::apply_change`] does. On
+    /// an error nothing of the batch is committed, but the disk's state is unknown to the
+    /// caller afterwards: the node must abort (R0).
+    pub(crate) fn commit(&mut self, persist: &HostPersist) -> Result<()> {
+        let batch = persist.batch.0;
+        let txn = self.begin_write()?;
+        {
+            let mut tables = Tables::open(&txn)?;
+            let mut cursors: BTreeMap<u16, Cursor> = BTreeMap::new();
+            for (shard, shard_persist) in &persist.shards {
+                let cursor = match cursors.entry(*shard) {
+                    MapEntry::Occupied(found) => found.into_mut(),
+                    MapEntry::Vacant(vacant) => vacant.insert(
+                        tables
+                            .cursor(*shard)
+                            .with_context(|| format!("reading shard {shard} in batch {batch}"))?,
+                    ),
+                };
+                for change in &shard_persist.changes {
+                    tables.apply(*shard, cursor, change).with_context(|| {
+                        format!("applying a change to shard {shard} in batch {batch}")
+                    })?;
+                }
+            }
+            for (shard, cursor) in &cursors {
+                let row = encode(&cursor.row)?;
+                tables
+                    .shards
+                    .insert(shard, row.as_slice())
+                    .with_context(|| format!("writing shard {shard} in batch {batch}"))?;
+            }
+        }
+        txn.commit().with_context(|| {
+            format!(
+                "committing batch {batch} to {} (the node must abort)",
+                self.path.display()
+            )
+        })
+    }
+
+    /// A consistent view of one shard's key-value pairs (a redb read transaction): what a
+    /// leader streams to a learner (R6). Later commits do not change it.
+    pub(crate) fn read_snapshot(&self, shard: u16) -> Result<ShardSnapshot> {
+        read_snapshot(&self.db, shard)
+    }
+
+    fn begin_write(&self) -> Result<WriteTransaction> {
+        let mut txn = self.db.begin_write().with_context(|| {
+            format!(
+                "starting a write transaction on {} (an earlier IO error?)",
+                self.path.display()
+            )
+        })?;
+        txn.set_durability(Durability::Immediate)
+            .context("asking for immediate durability")?;
+        Ok(txn)
+    }
+}
+
+fn read_snapshot(db: &Database, shard: u16) -> Result<ShardSnapshot> {
+    let txn = db.begin_read().context("starting a read transaction")?;
+    let kv = txn.open_table(KV).context("opening the kv table")?;
+    Ok(ShardSnapshot { shard, kv })
+}
+
+/// One shard's key-value pairs as of one read transaction, in key order.
+#[derive(Debug)]
+pub(crate) struct ShardSnapshot {
+    shard: u16,
+    kv: ReadOnlyTable<(u16, &'static [u8]), &'static [u8]>,
+}
+
+impl ShardSnapshot {
+    /// The pairs with keys after `after` (all of them for `None`), in key order, up to about
+    /// `max_bytes` of keys and values (at least one pair if any remain): one snapshot chunk.
+    pub(crate) fn chunk(
+        &self,
+        after: Option<&[u8]>,
+        max_bytes: usize,
+    ) -> Result<Vec<(Vec<u8>, Vec<u8>)>> {
+        let start = match after {
+            Some(key) => Bound::Excluded((self.shard, key)),
+            None => Bound::Included((self.shard, &[][..])),
+        };
+        let (_, end) = kv_range(self.shard);
+        let mut pairs = Vec::new();
+        let mut size = 0usize;
+        for row in self.kv.range::<(u16, &[u8])>((start, end))? {
+            let (key, value) = row?;
+            let (key, value) = (key.value().1.to_vec(), value.value().to_vec());
+            let bytes = key.len() + value.len();
+            if !pairs.is_empty() && size + bytes > max_bytes {
+                break;
+            }
+            size += bytes;
+            pairs.push((key, value));
+        }
+        Ok(pairs)
+    }
+}
+
+/// A shard's row while a transaction changes it, and how many log entries it has.
+#[derive(Debug)]
+struct Cursor {
+    row: ShardRow,
+    len: u64,
+}
+
+/// The shard tables, open in one write transaction.
+struct Tables<'txn> {
+    shards: Table<'txn, u16, &'static [u8]>,
+    log: Table<'txn, (u16, u64), &'static [u8]>,
+    kv: Table<'txn, (u16, &'static [u8]), &'static [u8]>,
+}
+
+impl<'txn> Tables<'txn> {
+    fn open(txn: &'txn WriteTransaction) -> Result<Self> {
+        Ok(Tables {
+            shards: txn.open_table(SHARDS).context("opening the shards table")?,
+            log: txn.open_table(LOG).context("opening the log table")?,
+            kv: txn.open_table(KV).context("opening the kv table")?,
+        })
+    }
+
+    /// The shard's row and log length; [`Durable::empty`] for a shard not stored yet.
+    fn cursor(&self, shard: u16) -> Result<Cursor> {
+        let row = match self.shards.get(shard)? {
+            Some(bytes) => decode_row(shard, bytes.value())?,
+            None => {
+                return Ok(Cursor {
+                    row: ShardRow::of(&Durable::empty()),
+                    len: 0,
+                });
+            }
+        };
+        let last = self
+            .log
+            .range(log_range(shard, 0))?
+            .next_back()
+            .transpose()?;
+        let len = match last {
+            Some((key, _)) => key
+                .value()
+                .1
+                .checked_sub(row.base_pos.index)
+                .ok_or_else(|| anyhow!("shard {shard}'s log has an entry at or below its base"))?,
+            None => 0,
+        };
+        Ok(Cursor { row, len })
+    }
+
+    fn put_shard(&mut self, shard: u16, durable: &Durable) -> Result<()> {
+        self.clear_log(shard)?;
+        self.clear_kv(shard)?;
+        let mut cursor = Cursor {
+            row: ShardRow::of(durable),
+            len: 0,
+        };
+        self.append(shard, &mut cursor, &durable.log)?;
+        for (key, value) in &durable.kv {
+            self.kv.insert((shard, key.as_slice()), value.as_slice())?;
+        }
+        let row = encode(&cursor.row)?;
+        self.shards.insert(shard, row.as_slice())?;
+        Ok(())
+    }
+
+    /// [`Durable::apply_change`], on disk.
+    fn apply(&mut self, shard: u16, cursor: &mut Cursor, change: &Change) -> Result<()> {
+        let base = cursor.row.base_pos.index;
+        match change {
+            Change::Promised(ballot) => cursor.row.promised = Some(ballot.clone()),
+            Change::Truncate { from } => {
+                let keep = from.saturating_sub(1).saturating_sub(base);
+                if keep < cursor.len {
+                    self.log
+                        .retain_in(log_range(shard, base + keep + 1), |_, _| false)?;
+                    cursor.len = keep;
+                }
+            }
+            Change::Append(entries) => self.append(shard, cursor, entries)?,
+            Change::Applied { index, writes } => {
+                for (key, value) in writes {
+                    match value {
+                        Some(value) => {
+                            self.kv.insert((shard, key.as_slice()), value.as_slice())?;
+                        }
+                        None => {
+                            self.kv.remove((shard, key.as_slice()))?;
+                        }
+                    }
+                }
+                cursor.row.applied = *index;
+            }
+            Change::Tombstone(tombstone) => {
+                self.clear_log(shard)?;
+                self.clear_kv(shard)?;
+                cursor.len = 0;
+                cursor.row.tombstone = Some(TombstoneRow {
+                    promised: tombstone.promised.clone(),
+                    last: tombstone.last.clone(),
+                    config: tombstone.config.clone(),
+                });
+            }
+            Change::Compact { base: new_base } => {
+                let drop = new_base.pos.index.saturating_sub(base).min(cursor.len);
+                if drop > 0 {
+                    self.log
+                        .retain_in((shard, base + 1)..=(shard, base + drop), |_, _| false)?;
+                }
+                let remaining = cursor.len - drop;
+                if remaining > 0 && new_base.pos.index != base + drop {
+                    // Only a base moved below the old one leaves entries whose positions
+                    // change: renumber them after the new base.
+                    self.rekey(shard, base + drop, remaining, new_base.pos.index)?;
+                }
+                cursor.len = remaining;
+                cursor.row.base_pos = new_base.pos.clone();
+                cursor.row.base_config = new_base.config.clone();
+            }
+            Change::InstallSnapshot { base: new_base, kv } => {
+                self.clear_log(shard)?;
+                self.clear_kv(shard)?;
+                for (key, value) in kv {
+                    self.kv.insert((shard, key.as_slice()), value.as_slice())?;
+                }
+                cursor.len = 0;
+                cursor.row.applied = new_base.pos.index;
+                cursor.row.base_pos = new_base.pos.clone();
+                cursor.row.base_config = new_base.config.clone();
+                cursor.row.tombstone = None;
+            }
+        }
+        Ok(())
+    }
+
+    fn append(&mut self, shard: u16, cursor: &mut Cursor, entries: &[Entry]) -> Result<()> {
+        for entry in entries {
+            let at = cursor
+                .row
+                .base_pos
+                .index
+                .checked_add(cursor.len + 1)
+                .ok_or_else(|| anyhow!("shard {shard}'s log would pass index u64::MAX"))?;
+            let bytes = encode(entry)?;
+            self.log.insert((shard, at), bytes.as_slice())?;
+            cursor.len += 1;
+        }
+        Ok(())
+    }
+
+    /// Moves the `count` log rows after `old_base` to after `new_base`.
+    fn rekey(&mut self, shard: u16, old_base: u64, count: u64, new_base: u64) -> Result<()> {
+        new_base
+            .checked_add(count)
+            .ok_or_else(|| anyhow!("shard {shard}'s log would pass index u64::MAX"))?;
+        let mut rows = Vec::new();
+        for row in self
+            .log
+            .extract_from_if(log_range(shard, old_base + 1), |_, _| true)?
+        {
+            let (_, value) = row?;
+            rows.push(value.value().to_vec());
+        }
+        for (offset, bytes) in (1..).zip(rows) {
+            self.log
+                .insert((shard, new_base + offset), bytes.as_slice())?;
+        }
+        Ok(())
+    }
+
+    fn clear_log(&mut self, shard: u16) -> Result<()> {
+        self.log.retain_in(log_range(shard, 0), |_, _| false)?;
+        Ok(())
+    }
+
+    fn clear_kv(&mut self, shard: u16) -> Result<()> {
+        self.kv
+            .retain_in::<(u16, &[u8]), _>(kv_range(shard), |_, _| false)?;
+        Ok(())
+    }
+}
+
+/// Creates the meta table of a new database (format version, new storage id), or checks an
+/// existing one's format version and reads its storage id.
+fn init_meta(db: &Database) -> Result<StorageId> {
+    let mut txn = db.begin_write().context("starting a write transaction")?;
+    txn.set_durability(Durability::Immediate)
+        .context("asking for immediate durability")?;
+    let has_meta = txn.list_tables()?.any(|table| table.name() == META.name());
+    if !has_meta {
+        let others: Vec<String> = txn
+            .list_tables()?
+            .map(|table| table.name().to_owned())
+            .collect();
+        if !others.is_empty() {
+            bail!(
+                "a redb database without a slotring format version (tables: {}): not a shard \
+                 store",
+                others.join(", ")
+            );
+        }
+    }
+    let (storage_id, created) = {
+        let mut meta = txn.open_table(META).context("opening the meta table")?;
+        let format = meta.get(FORMAT_KEY)?.map(|bytes| bytes.value().to_vec());
+        match format {
+            None => {
+                let storage_id = StorageId(rand::random());
+                meta.insert(FORMAT_KEY, &FORMAT_VERSION.to_le_bytes()[..])?;
+                meta.insert(STORAGE_ID_KEY, &storage_id.0.to_le_bytes()[..])?;
+                (storage_id, true)
+            }
+            Some(bytes) => {
+                let version = <[u8; 4]>::try_from(bytes.as_slice())
+                    .map(u32::from_le_bytes)
+                    .map_err(|_| anyhow!("the format version is {} bytes, not 4", bytes.len()))?;
+                if version != FORMAT_VERSION {
+                    bail!(
+                        "unknown shard store format version {version} (this build reads \
+                         version {FORMAT_VERSION})"
+                    );
+                }
+                let bytes = meta
+                    .get(STORAGE_ID_KEY)?
+                    .map(|bytes| bytes.value().to_vec())
+                    .ok_or_else(|| anyhow!("the meta table has no storage id"))?;
+                let id = <[u8; 16]>::try_from(bytes.as_slice())
+                    .map(u128::from_le_bytes)
+                    .map_err(|_| anyhow!("the storage id is {} bytes, not 16", bytes.len()))?;
+                (StorageId(id), false)
+            }
+        }
+    };
+    if created {
+        Tables::open(&txn)?;
+        txn.commit()
+            .context("committing the new store's meta table")?;
+    } else {
+        txn.abort().context("closing the meta transaction")?;
+    }
+    Ok(storage_id)
+}
+
+/// Every shard's [`Durable`], checking each log's rows are exactly its positions.
+fn load(db: &Database) -> Result<BTreeMap<u16, Durable>> {
+    let txn = db.begin_read().context("starting a read transaction")?;
+    let shards = txn.open_table(SHARDS).context("opening the shards table")?;
+    let log = txn.open_table(LOG).context("opening the log table")?;
+    let kv = txn.open_table(KV).context("opening the kv table")?;
+    let mut loaded = BTreeMap::new();
+    for row in shards.iter()? {
+        let (shard, bytes) = row?;
+        let shard = shard.value();
+        let row = decode_row(shard, bytes.value())?;
+        let mut entries = Vec::new();
+        for log_row in log.range(log_range(shard, 0))? {
+            let (key, bytes) = log_row?;
+            let index = key.value().1;
+            let expected = row.base_pos.index + entries.len() as u64 + 1;
+            if index != expected {
+                bail!("shard {shard}'s log has an entry at {index}, expected {expected}");
+            }
+            let entry: Entry = postcard::from_bytes(bytes.value())
+                .with_context(|| format!("decoding shard {shard}'s log entry {index}"))?;
+            entries.push(entry);
+        }
+        let mut pairs = BTreeMap::new();
+        for row in kv.range::<(u16, &[u8])>(kv_range(shard))? {
+            let (key, value) = row?;
+            pairs.insert(key.value().1.to_vec(), value.value().to_vec());
+        }
+        loaded.insert(shard, row.into_durable(entries, pairs));
+    }
+    Ok(loaded)
+}
+
+fn decode_row(shard: u16, bytes: &[u8]) -> Result<ShardRow> {
+    postcard::from_bytes(bytes).with_context(|| format!("decoding shard {shard}'s state"))
+}
+
+fn encode<T: Serialize>(value: &T) -> Result<Vec<u8>> {
+    postcard::to_allocvec(value).context("encoding a record")
+}
+
+/// The log rows of `shard` from index `from` on.
+fn log_range(shard: u16, from: u64) -> std::ops::RangeInclusive<(u16, u64)> {
+    (shard, from)..=(shard, u64::MAX)
+}
+
+/// A bound on `(shard, key)` rows of the kv table.
+type KvBound = Bound<(u16, &'static [u8])>;
+
+/// Every kv row of `shard`.
+fn kv_range(shard: u16) -> (KvBound, KvBound) {
+    let start = Bound::Included((shard, &[][..]));
+    let end = match shard.checked_add(1) {
+        Some(next) => Bound::Excluded((next, &[][..])),
+        None => Bound::Unbounded,
+    };
+    (start, end)
+}
+
+/// Runs a [`Store`]'s commits on a dedicated thread, off the event loop.
+#[derive(Debug)]
+pub(crate) struct StoreWorker;
+
+impl StoreWorker {
+    /// Moves `store` to a new thread that commits each submitted batch in order and reports it
+    /// durable. After a failed commit the thread reports the error and stops: the node must
+    /// then abort (R0), since what reached the disk is unknown.
+    pub(crate) fn spawn(mut store: Store) -> Result<StoreHandle> {
+        let db = Arc::clone(&store.db);
+        let (submit, batches) = mpsc::channel::<HostPersist>();
+        let (report, durable) = tokio_mpsc::unbounded_channel();
+        let thread = std::thread::Builder::new()
+            .name("slotring-store".to_owned())
+            .spawn(move || {
+                while let Ok(persist) = batches.recv() {
+                    let result = store.commit(&persist).map(|()| persist.batch);
+                    let failed = result.is_err();
+                    if report.send(result).is_err() || failed {
+                        break;
+                    }
+                }
+            })
+            .context("starting the store thread")?;
+        Ok(StoreHandle {
+            db,
+            submit: Some(submit),
+            durable,
+            thread: Some(thread),
+        })
+    }
+}
+
+/// The event loop's side of a [`StoreWorker`]. Dropping it stops the thread after the batch it
+/// is committing, if any (the drop waits for that).
+#[derive(Debug)]
+pub(crate) struct StoreHandle {
+    db: Arc<Database>,
+    submit: Option<mpsc::Sender<HostPersist>>,
+    durable: tokio_mpsc::UnboundedReceiver<Result<HostBatchId>>,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl StoreHandle {
+    /// Queues a batch for commit; never blocks. Fails if the worker has stopped (after a failed
+    /// commit, which [`durable`](Self::durable) reports).
+    pub(crate) fn submit(&self, persist: HostPersist) -> Result<()> {
+        let batch = persist.batch.0;
+        self.submit
+            .as_ref()
+            .and_then(|submit| submit.send(persist).ok())
+            .ok_or_else(|| anyhow!("the store thread has stopped; batch {batch} was not queued"))
+    }
+
+    /// [`Store::read_snapshot`], while the worker commits: the view holds what was durable
+    /// when it was taken.
+    pub(crate) fn read_snapshot(&self, shard: u16) -> Result<ShardSnapshot> {
+        read_snapshot(&self.db, shard)
+    }
+
+    /// The next batch made durable, in submission order; an error if its commit failed (the
+    /// node must abort, R0) or the worker stopped.
+    pub(crate) async fn durable(&mut self) -> Result<HostBatchId> {
+        match self.durable.recv().await {
+            Some(result) => result,
+            None => Err(anyhow!("the store thread has stopped")),
+        }
+    }
+}
+
+impl Drop for StoreHandle {
+    fn drop(&mut self) {
+        // Closing the queue ends the thread's loop.
+        self.submit = None;
+        if let Some(thread) = self.thread.take() {
+            // A panic in the thread was already printed; there is nothing more to report.
+            let _ = thread.join();
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests;
