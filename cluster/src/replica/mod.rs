@@ -1368,26 +1368,9 @@ impl ShardReplica {
         leader_commit: u64,
         hb_seq: u64,
     ) {
-        self.highest_seen = self.highest_seen.max(b.n);
-        if !self.revive_for(now, &b) {
-            return; // Removed (R8), and not by a leader that re-added it.
-        }
-        if let Some(promised) = &self.durable.promised
-            && b < *promised
-        {
-            let reason = NackReason::Higher(promised.clone());
-            self.send(from, Message::AppendNack { b, reason }, false);
+        if !self.follow(now, &from, &b) {
             return;
         }
-        if self.durable.promised.as_ref() != Some(&b) {
-            self.promise(b.clone());
-        }
-        if self.leading_ballot() != Some(&b) {
-            self.step_down(now);
-        }
-        self.leader_hint = Some(b.node.clone());
-        self.last_heard = Some(now);
-        self.arm_election(now);
         let (prev, entries) = if prev.index < self.durable.base.pos.index {
             // Everything up to the base was applied, hence committed, and a leader whose
             // ballot is not below the promise holds every committed entry: those match.
@@ -1745,6 +1728,38 @@ impl ShardReplica {
         self.appends_wanted = true;
     }
 
+    /// R4's ballot rules for a message from the leader of `b` (an `Append` or a snapshot
+    /// chunk): refuses a lower ballot (`Nack(Higher)`), else adopts `b` durably, follows its
+    /// leader and restarts the election timer. A tombstoned replica goes on only if `b` may
+    /// re-add it. Returns whether the message may be handled.
+    fn follow(&mut self, now: Duration, from: &Member, b: &Ballot) -> bool {
+        self.highest_seen = self.highest_seen.max(b.n);
+        if !self.revive_for(now, b) {
+            return false; // Removed (R8), and not by a leader that re-added it.
+        }
+        if let Some(promised) = &self.durable.promised
+            && b < promised
+        {
+            let reason = NackReason::Higher(promised.clone());
+            let nack = Message::AppendNack {
+                b: b.clone(),
+                reason,
+            };
+            self.send(from.clone(), nack, false);
+            return false;
+        }
+        if self.durable.promised.as_ref() != Some(b) {
+            self.promise(b.clone());
+        }
+        if self.leading_ballot() != Some(b) {
+            self.step_down(now);
+        }
+        self.leader_hint = Some(b.node.clone());
+        self.last_heard = Some(now);
+        self.arm_election(now);
+        true
+    }
+
     /// R8's "returns only as a new learner": a tombstoned replica takes `Append`s or a
     /// snapshot only from a leader of a ballot at least that of the config that removed it
     /// (such a leader holds that config, so a config naming this replica again is a later
@@ -1789,26 +1804,9 @@ impl ShardReplica {
     /// R6 at the receiver: follows R4's ballot rules, checks the chunk's digest, gathers
     /// chunks in order in volatile state, and installs on the last one.
     fn on_snapshot(&mut self, now: Duration, from: Member, b: Ballot, chunk: SnapshotChunk) {
-        self.highest_seen = self.highest_seen.max(b.n);
-        if !self.revive_for(now, &b) {
+        if !self.follow(now, &from, &b) {
             return;
         }
-        if let Some(promised) = &self.durable.promised
-            && b < *promised
-        {
-            let reason = NackReason::Higher(promised.clone());
-            self.send(from, Message::AppendNack { b, reason }, false);
-            return;
-        }
-        if self.durable.promised.as_ref() != Some(&b) {
-            self.promise(b.clone());
-        }
-        if self.leading_ballot() != Some(&b) {
-            self.step_down(now);
-        }
-        self.leader_hint = Some(b.node.clone());
-        self.last_heard = Some(now);
-        self.arm_election(now);
         let reply = |next: u64, done: bool| Message::SnapshotOk {
             b: b.clone(),
             base: chunk.base.clone(),
