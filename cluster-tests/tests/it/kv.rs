@@ -247,6 +247,33 @@ fn writer(client: &Client, writer: usize, workload: &Workload) -> Vec<History> {
     histories
 }
 
+/// Stops the writers, collects their histories, and re-raises a panic of the fault thread.
+fn finish(
+    workload: &Workload,
+    writers: Vec<thread::ScopedJoinHandle<'_, Vec<History>>>,
+    faults: thread::Result<()>,
+) -> Vec<History> {
+    workload.stop.store(true, Ordering::SeqCst);
+    let histories = writers
+        .into_iter()
+        .flat_map(|writer| writer.join().expect("a writer"))
+        .collect();
+    if let Err(panic) = faults {
+        std::panic::resume_unwind(panic);
+    }
+    histories
+}
+
+/// Every key got at least one acknowledged write (so the history check has teeth).
+fn assert_every_key_acknowledged(histories: &[History]) {
+    assert!(
+        histories
+            .iter()
+            .all(|history| history.count(|outcome| matches!(outcome, Outcome::Ok(_))) > 0),
+        "every key had an acknowledged write: {histories:?}"
+    );
+}
+
 /// Reads every key of `histories` through rotating nodes of `client` (retrying failed reads,
 /// which are safe to retry) and checks each against [`History::allowed`].
 fn check_histories(client: &Client, histories: &[History]) {
@@ -597,23 +624,9 @@ fn acknowledged_writes_survive_leader_kills() {
                 );
             }
         }));
-        workload.stop.store(true, Ordering::SeqCst);
-        let histories = writers
-            .into_iter()
-            .flat_map(|writer| writer.join().expect("a writer"))
-            .collect();
-        if let Err(panic) = faults {
-            std::panic::resume_unwind(panic);
-        }
-        histories
+        finish(&workload, writers, faults)
     });
-
-    assert!(
-        histories
-            .iter()
-            .all(|history| history.count(|outcome| matches!(outcome, Outcome::Ok(_))) > 0),
-        "every key had an acknowledged write: {histories:?}"
-    );
+    assert_every_key_acknowledged(&histories);
     check_histories(&client, &histories);
 }
 
@@ -885,23 +898,9 @@ fn a_fourth_node_joins_during_writes() {
             assert!(joined > 0, "n3 is in no shard's target: {configs:?}");
             workload.wait_progress(WRITERS, RECOVER_WITHIN, "writes after the join");
         }));
-        workload.stop.store(true, Ordering::SeqCst);
-        let histories = writers
-            .into_iter()
-            .flat_map(|writer| writer.join().expect("a writer"))
-            .collect();
-        if let Err(panic) = join {
-            std::panic::resume_unwind(panic);
-        }
-        histories
+        finish(&workload, writers, join)
     });
-
-    assert!(
-        histories
-            .iter()
-            .all(|history| history.count(|outcome| matches!(outcome, Outcome::Ok(_))) > 0),
-        "every key had an acknowledged write: {histories:?}"
-    );
+    assert_every_key_acknowledged(&histories);
     // Read through all four nodes, the joiner included.
     check_histories(&cluster.client(), &histories);
 }

@@ -170,14 +170,7 @@ impl Durable {
 
     /// The last `Config` in the log, committed or not, else the base's (R2 `active`).
     pub fn active_config(&self) -> &Config {
-        self.log
-            .iter()
-            .rev()
-            .find_map(|entry| match &entry.op {
-                Op::Config(config) => Some(config),
-                _ => None,
-            })
-            .unwrap_or(&self.base.config)
+        self.config_at(self.last().index)
     }
 
     /// How an in-memory disk image applies one change of a [`Persist`] batch; the redb store
@@ -2035,17 +2028,6 @@ impl ShardReplica {
         }
     }
 
-    /// The config in force just before `index`.
-    fn config_before(&self, index: u64) -> Config {
-        (self.durable.base.pos.index + 1..index)
-            .rev()
-            .find_map(|i| match &self.durable.entry(i)?.op {
-                Op::Config(config) => Some(config.clone()),
-                _ => None,
-            })
-            .unwrap_or_else(|| self.durable.base.config.clone())
-    }
-
     /// R8: members dropped by configs committed after `before` are told `Removed`.
     fn note_removals(&mut self, before: u64) {
         let mut removed = Vec::new();
@@ -2056,7 +2038,7 @@ impl ShardReplica {
             let Op::Config(config) = &entry.op else {
                 continue;
             };
-            let previous = self.config_before(index);
+            let previous = self.durable.config_at(index.saturating_sub(1)).clone();
             for member in previous.voters.iter().chain(&previous.learners) {
                 if !config.voters.contains(member) && !config.learners.contains(member) {
                     removed.push((member.clone(), entry.pos(), config.clone()));
