@@ -340,24 +340,35 @@ impl ShardHost {
             });
             self.queue(after, shard, message.to, message.message);
         }
-        self.release();
     }
 
+    /// Whether messages tagged `after` may leave: untagged ones at once, the others once
+    /// their group commit is durable.
+    fn is_durable(&self, after: Option<HostBatchId>) -> bool {
+        match after {
+            None => true,
+            Some(batch) => self.persisted_through.is_some_and(|done| batch <= done),
+        }
+    }
+
+    /// A message goes to its peer's frame at once if it may leave, else waits for its batch.
+    /// Messages may overtake waiting ones: frames travel on independent streams anyway, and
+    /// the protocol tolerates reordering (the model's network is unordered).
     fn queue(&mut self, after: Option<HostBatchId>, shard: u16, to: Member, message: Message) {
         let peer = to.node.clone();
-        self.waiting.push_back((after, peer, shard, to, message));
+        if self.is_durable(after) {
+            self.ready.entry(peer).or_default().push((shard, to, message));
+        } else {
+            self.waiting.push_back((after, peer, shard, to, message));
+        }
     }
 
-    /// Moves messages whose batch is durable to the per-peer frames, keeping their order.
+    /// Moves messages whose batch is now durable to the per-peer frames, keeping their order.
+    /// Runs once per group commit, so it costs one pass over the waiting messages per fsync.
     fn release(&mut self) {
-        let durable = self.persisted_through;
         let mut still = VecDeque::new();
-        for (after, peer, shard, to, message) in self.waiting.drain(..) {
-            let released = match after {
-                None => true,
-                Some(batch) => durable.is_some_and(|done| batch <= done),
-            };
-            if released {
+        for (after, peer, shard, to, message) in std::mem::take(&mut self.waiting) {
+            if self.is_durable(after) {
                 self.ready
                     .entry(peer)
                     .or_default()
