@@ -196,11 +196,18 @@ pub(crate) enum Output {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    let runtime = match tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-    {
+    // The daemon runs on one thread: its loop owns the core and most work is the loop's, so a
+    // second worker mostly adds cross-thread wake-ups (storage has its own thread). Clients
+    // (`bench` above all) spread over two.
+    let builder = match cli.command {
+        None => tokio::runtime::Builder::new_current_thread(),
+        Some(_) => {
+            let mut builder = tokio::runtime::Builder::new_multi_thread();
+            builder.worker_threads(2);
+            builder
+        }
+    };
+    let runtime = match { builder }.enable_all().build() {
         Ok(runtime) => runtime,
         Err(error) => {
             eprintln!("error: starting the async runtime: {error}");

@@ -103,7 +103,7 @@ pub struct Durable {
 }
 
 /// What a removed replica keeps (R8).
-#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+#[derive(Debug, Clone, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
 pub struct Tombstone {
     /// Its promise when removed.
     pub promised: Option<Ballot>,
@@ -114,7 +114,7 @@ pub struct Tombstone {
 }
 
 /// Where a log starts: a position and the config in force there.
-#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+#[derive(Debug, Clone, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
 pub struct Base {
     /// The position.
     pub pos: Pos,
@@ -243,7 +243,7 @@ impl Durable {
 }
 
 /// One change to durable state.
-#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+#[derive(Debug, Clone, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
 pub enum Change {
     /// `promised := ballot`.
     Promised(Ballot),
