@@ -1,7 +1,7 @@
 //! The daemon: opens the data dir, joins or bootstraps, then runs the one loop that owns the
 //! cluster core.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
@@ -27,10 +27,27 @@ const SAVED_PEERS_PATIENCE: Duration = Duration::from_secs(3);
 const SAVED_PEERS_RETRY: Duration = Duration::from_secs(5);
 /// The most inbound messages handled in one turn of the loop (datagrams first).
 const INBOUND_BATCH: usize = 256;
+/// The most client requests handled in one turn of the loop, after all node traffic.
+const CLIENT_SLICE: usize = 64;
+/// How many client requests may wait for the loop; beyond it new ones are refused at once
+/// as overloaded (nothing applied), so queues never grow without bound and peers' protocol
+/// traffic, handled first, never waits behind a client backlog.
+const MAX_CLIENT_BACKLOG: usize = 4096;
 /// How long a client request may wait for its shard's answer before it is forgotten.
 const CLIENT_ANSWER_PATIENCE: Duration = Duration::from_secs(60);
 /// How long a graceful leave waits for its notices to be acknowledged.
 const LEAVE_GRACE: Duration = Duration::from_millis(1500);
+
+/// Whether `message` is a request from a client (not a node) identity.
+fn is_from_client(message: &Inbound) -> bool {
+    matches!(
+        message,
+        Inbound::Request {
+            from: PeerIdentity::Client,
+            ..
+        }
+    )
+}
 
 /// Runs the daemon until SIGTERM/SIGINT (exit 0 after a graceful leave) or a fatal error.
 pub(crate) async fn run(args: DaemonArgs) -> Result<ExitCode> {
@@ -389,6 +406,9 @@ struct NodeLoop {
     /// Client requests waiting for their shard's answer, by token.
     clients: HashMap<u64, (Instant, transport::Responder)>,
     next_token: u64,
+    /// Client requests received but not handed to the core yet: each turn of the loop handles
+    /// node traffic first, then at most [`CLIENT_SLICE`] of these.
+    client_backlog: VecDeque<Inbound>,
 }
 
 impl NodeLoop {
@@ -416,6 +436,7 @@ impl NodeLoop {
             store,
             clients: HashMap::new(),
             next_token: 0,
+            client_backlog: VecDeque::new(),
         }
     }
 
@@ -481,8 +502,9 @@ impl NodeLoop {
                     self.core.join(now, members);
                 }
                 Some(message) = inbound.recv() => {
-                    // Everything that arrived meanwhile, SWIM datagrams first: failure detection
-                    // must not wait behind replication and client work.
+                    // Everything that arrived meanwhile, SWIM datagrams first (failure detection
+                    // must not wait behind replication), then peers' requests; client requests
+                    // join the backlog, served in slices after node traffic.
                     let mut queued = vec![message];
                     while queued.len() < INBOUND_BATCH
                         && let Ok(message) = inbound.try_recv()
@@ -491,8 +513,13 @@ impl NodeLoop {
                     }
                     queued.sort_by_key(|message| !matches!(message, Inbound::Datagram { .. }));
                     for message in queued {
-                        self.handle_inbound(message);
+                        if is_from_client(&message) {
+                            self.queue_client(message);
+                        } else {
+                            self.handle_inbound(message);
+                        }
                     }
+                    self.serve_clients();
                 }
                 Some((id, answer)) = self.answers_rx.recv() => {
                     let now = self.now();
@@ -507,6 +534,9 @@ impl NodeLoop {
                 () = sleep => {
                     let now = self.now();
                     self.core.handle_timeout(now);
+                }
+                () = std::future::ready(()), if !self.client_backlog.is_empty() => {
+                    self.serve_clients();
                 }
             }
         }
@@ -525,6 +555,35 @@ impl NodeLoop {
         let _ = tokio::time::timeout(Duration::from_millis(500), self.endpoint.wait_idle()).await;
         info!("left");
         Ok(ExitCode::SUCCESS)
+    }
+
+    /// Adds a client request to the backlog, or refuses it at once when the backlog is full.
+    fn queue_client(&mut self, message: Inbound) {
+        if self.client_backlog.len() < MAX_CLIENT_BACKLOG {
+            self.client_backlog.push_back(message);
+            return;
+        }
+        if let Inbound::Request { responder, .. } = message {
+            let refusal = Response::Refused {
+                reason: format!(
+                    "overloaded: {MAX_CLIENT_BACKLOG} client requests already wait; nothing \
+                     was applied, retry later"
+                ),
+            };
+            if let Err(error) = responder.respond(Bytes::from(wire::encode(&refusal))) {
+                debug!(%error, "overload refusal not sent");
+            }
+        }
+    }
+
+    /// Hands at most [`CLIENT_SLICE`] waiting client requests to the core.
+    fn serve_clients(&mut self) {
+        for _ in 0..CLIENT_SLICE {
+            let Some(message) = self.client_backlog.pop_front() else {
+                break;
+            };
+            self.handle_inbound(message);
+        }
     }
 
     fn handle_inbound(&mut self, message: Inbound) {
