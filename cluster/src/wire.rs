@@ -159,6 +159,12 @@ pub enum Response {
     Client(crate::replica::ClientReply),
     /// The answer to [`Request::ShardDigests`].
     ShardDigests(Vec<ShardDigest>),
+    /// The answering node has too many client requests waiting: this one was not looked at,
+    /// so nothing changed. A client retries after a pause.
+    Overloaded {
+        /// How many client requests were waiting.
+        waiting: u32,
+    },
 }
 
 /// A node named with its address.

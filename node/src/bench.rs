@@ -347,7 +347,9 @@ impl Tally {
                 let counter = match error {
                     KvError::Unavailable { .. } => &kind.unavailable,
                     KvError::Indeterminate { .. } => &kind.indeterminate,
-                    KvError::Refused(_) | KvError::Unreachable(_) => &kind.other,
+                    KvError::Overloaded { .. } | KvError::Refused(_) | KvError::Unreachable(_) => {
+                        &kind.other
+                    }
                 };
                 let mut first = self
                     .first_error

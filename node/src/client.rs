@@ -47,6 +47,14 @@ pub(crate) enum KvError {
         /// What happened.
         why: String,
     },
+    /// The shard's leader was overloaded until the deadline; the operation was not applied.
+    #[error(
+        "overloaded: shard {shard}'s leader had too many requests waiting; nothing was applied"
+    )]
+    Overloaded {
+        /// The key's shard.
+        shard: u16,
+    },
     /// The node refused the request (a key or value over the limits, ...); nothing changed.
     #[error("refused: {0}")]
     Refused(String),
@@ -159,10 +167,15 @@ impl KvClient {
         let body = Bytes::from(wire::encode(&Request::Client(op)));
         let mut backoff = Duration::from_millis(10);
         let mut moves = 0;
+        let mut overloaded = false;
         loop {
             let now = Instant::now();
             if now >= deadline {
-                return Err(KvError::Unavailable { shard });
+                return Err(if overloaded {
+                    KvError::Overloaded { shard }
+                } else {
+                    KvError::Unavailable { shard }
+                });
             }
             let timeout = (deadline - now).min(self.attempt_timeout);
             let answer = self
@@ -173,6 +186,16 @@ impl KvClient {
                 Ok(bytes) => match wire::decode::<Response>(&bytes) {
                     Ok(Response::Client(reply)) => reply,
                     Ok(Response::Refused { reason }) => return Err(KvError::Refused(reason)),
+                    Ok(Response::Overloaded { .. }) => {
+                        // Not looked at: safe to send again, after a pause.
+                        overloaded = true;
+                        tokio::time::sleep(
+                            backoff.min(deadline.saturating_duration_since(Instant::now())),
+                        )
+                        .await;
+                        backoff = (backoff * 2).min(Duration::from_millis(200));
+                        continue;
+                    }
                     Ok(other) => {
                         return Err(KvError::Unreachable(anyhow::anyhow!(
                             "unexpected answer from {target}: {other:?}"

@@ -32,7 +32,7 @@ const CLIENT_SLICE: usize = 64;
 /// How many client requests may wait for the loop; beyond it new ones are refused at once
 /// as overloaded (nothing applied), so queues never grow without bound and peers' protocol
 /// traffic, handled first, never waits behind a client backlog.
-const MAX_CLIENT_BACKLOG: usize = 4096;
+const MAX_CLIENT_BACKLOG: usize = 1024;
 /// How long a client request may wait for its shard's answer before it is forgotten.
 const CLIENT_ANSWER_PATIENCE: Duration = Duration::from_secs(60);
 /// How long a graceful leave waits for its notices to be acknowledged.
@@ -564,11 +564,8 @@ impl NodeLoop {
             return;
         }
         if let Inbound::Request { responder, .. } = message {
-            let refusal = Response::Refused {
-                reason: format!(
-                    "overloaded: {MAX_CLIENT_BACKLOG} client requests already wait; nothing \
-                     was applied, retry later"
-                ),
+            let refusal = Response::Overloaded {
+                waiting: u32::try_from(self.client_backlog.len()).unwrap_or(u32::MAX),
             };
             if let Err(error) = responder.respond(Bytes::from(wire::encode(&refusal))) {
                 debug!(%error, "overload refusal not sent");
