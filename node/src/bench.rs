@@ -63,6 +63,12 @@ pub(crate) struct BenchArgs {
     /// Seeds the key choice (default: random), for a run that repeats its key sequence.
     #[arg(long, env = "SLOTRING_SEED")]
     pub(crate) seed: Option<u64>,
+    /// Start operations at this many per second in all, on a fixed schedule (operation `k` is
+    /// due at `k / rate` s), and count each one's latency from when it was due, so time spent
+    /// waiting for a free loop shows in the percentiles (no coordinated omission). Default: as
+    /// fast as the loops go.
+    #[arg(long, env = "SLOTRING_RATE")]
+    pub(crate) rate: Option<f64>,
     /// `-a`, `-o`, `--certs-dir`, and `--timeout` (seconds per operation, retries included).
     #[command(flatten)]
     pub(crate) query: QueryArgs,
@@ -88,6 +94,8 @@ struct Plan {
     stop: Stop,
     timeout: Duration,
     seed: u64,
+    /// Operations per second, when paced.
+    rate: Option<f64>,
 }
 
 impl Plan {
@@ -125,7 +133,15 @@ impl Plan {
             }
             (None, None) => Stop::After(Duration::from_secs(10)),
         };
+        if let Some(rate) = args.rate
+            && !(rate.is_finite() && rate > 0.0 && rate <= 10_000_000.0)
+        {
+            return Err(format!(
+                "--rate must be within (0, 10000000] ops/s, not {rate}"
+            ));
+        }
         Ok(Plan {
+            rate: args.rate,
             keys,
             value_size: args.value_size,
             clients,
@@ -378,14 +394,23 @@ struct Gate {
     stop: Stop,
     start: Instant,
     started: AtomicU64,
+    rate: Option<f64>,
 }
 
 impl Gate {
-    fn next(&self) -> bool {
-        match self.stop {
-            Stop::After(duration) => self.start.elapsed() < duration,
-            Stop::Requests(n) => self.started.fetch_add(1, Ordering::Relaxed) < n.get(),
-        }
+    /// The next operation's start: when it is due (paced by `--rate`) or now; `None` once the
+    /// run is over.
+    fn next(&self) -> Option<Instant> {
+        let number = self.started.fetch_add(1, Ordering::Relaxed);
+        let due = match self.rate {
+            Some(rate) => self.start + Duration::from_secs_f64(number as f64 / rate),
+            None => Instant::now(),
+        };
+        let more = match self.stop {
+            Stop::After(duration) => due.duration_since(self.start) < duration,
+            Stop::Requests(n) => number < n.get(),
+        };
+        more.then_some(due)
     }
 }
 
@@ -451,6 +476,7 @@ pub(crate) async fn run(args: &BenchArgs) -> Result<ExitCode> {
         stop: plan.stop,
         start,
         started: AtomicU64::new(0),
+        rate: plan.rate,
     });
     let value: Arc<[u8]> = vec![b'x'; plan.value_size].into();
     let mut loops = tokio::task::JoinSet::new();
@@ -462,7 +488,8 @@ pub(crate) async fn run(args: &BenchArgs) -> Result<ExitCode> {
         let (keys, read_ratio, timeout) = (plan.keys, plan.read_ratio, plan.timeout);
         loops.spawn(async move {
             let mut rng = StdRng::seed_from_u64(seed);
-            while gate.next() {
+            while let Some(due) = gate.next() {
+                tokio::time::sleep_until(due.into()).await;
                 let key = key_name(pick_key(&mut rng, keys));
                 let read = pick_read(&mut rng, read_ratio);
                 let op = if read {
@@ -473,9 +500,9 @@ pub(crate) async fn run(args: &BenchArgs) -> Result<ExitCode> {
                         value: value.to_vec(),
                     }
                 };
-                let began = Instant::now();
-                let outcome = kv.execute(op, began + timeout).await;
-                let micros = u64::try_from(began.elapsed().as_micros()).unwrap_or(u64::MAX);
+                // Paced: from when it was due; otherwise `due` is when the loop got to it.
+                let outcome = kv.execute(op, Instant::now() + timeout).await;
+                let micros = u64::try_from(due.elapsed().as_micros()).unwrap_or(u64::MAX);
                 tally.record(read, outcome, micros);
             }
         });
@@ -698,6 +725,7 @@ impl Report {
             "read_ratio": plan.read_ratio,
             "timeout_s": plan.timeout.as_secs_f64(),
             "seed": plan.seed,
+            "rate": plan.rate,
             "elapsed_s": self.secs(),
             "first_error": self.first_error,
         });
@@ -749,8 +777,11 @@ impl Report {
                 row.other.to_string(),
             ]);
         }
+        let paced = plan
+            .rate
+            .map_or_else(String::new, |rate| format!(", paced at {rate} ops/s"));
         let mut out = format!(
-            "{} clients × {} in flight, {} keys, {} B values, read ratio {}, {:.2} s against {}\n",
+            "{} clients × {} in flight, {} keys, {} B values, read ratio {}{paced}, {:.2} s against {}\n",
             plan.clients,
             plan.pipeline,
             plan.keys,
@@ -783,6 +814,37 @@ mod tests {
         argv.extend_from_slice(args);
         let wrapper = Wrapper::try_parse_from(argv).map_err(|e| e.to_string())?;
         Plan::from_args(&wrapper.bench)
+    }
+
+    #[test]
+    fn a_rate_paces_the_schedule_and_bad_rates_are_refused() {
+        assert_eq!(plan(&["--seed", "1"]).unwrap().rate, None);
+        assert_eq!(plan(&["--rate", "2500"]).unwrap().rate, Some(2500.0));
+        for bad in [
+            "--rate=0",
+            "--rate=-1",
+            "--rate=inf",
+            "--rate=NaN",
+            "--rate=20000000",
+        ] {
+            let error = plan(&[bad]).unwrap_err();
+            assert!(error.contains("--rate must be within"), "{bad}: {error}");
+        }
+        let start = Instant::now();
+        let gate = Gate {
+            stop: Stop::After(Duration::from_secs(1)),
+            start,
+            started: AtomicU64::new(0),
+            rate: Some(4.0),
+        };
+        let due: Vec<Duration> = std::iter::from_fn(|| gate.next())
+            .map(|at| at.duration_since(start))
+            .collect();
+        assert_eq!(
+            due,
+            [0, 250, 500, 750].map(Duration::from_millis).to_vec(),
+            "four operations due in the first second, a quarter second apart"
+        );
     }
 
     #[test]

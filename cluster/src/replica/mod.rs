@@ -25,6 +25,16 @@ pub use self::types::{
     RejectReason, RequestTag, StorageId, snapshot_digest,
 };
 
+/// The first multiple of `grid` at or after `at` (`at` itself for a zero grid).
+fn align_up(at: Duration, grid: Duration) -> Duration {
+    let grid_nanos = grid.as_nanos();
+    if grid_nanos == 0 {
+        return at;
+    }
+    let steps = at.as_nanos().div_ceil(grid_nanos);
+    u64::try_from(steps * grid_nanos).map_or(at, Duration::from_nanos)
+}
+
 /// Timing and size knobs of a replica. Durations are on the caller's clock.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct ReplicaConfig {
@@ -2361,12 +2371,19 @@ impl ShardReplica {
         self.send_appends(true);
         self.progress_transfer(now);
         self.reconfigure(now);
-        let every = if self.leader_is_idle() {
-            self.config.idle_heartbeat.max(self.config.heartbeat)
+        // Rounds fall on a grid (a quarter heartbeat, or a whole one while idle), so a node's
+        // many shards heartbeat in the same instants and their messages share frames instead
+        // of each round costing its own: with 1,024 idle shards, ~10 frames a second per peer
+        // instead of ~700. A round is at most one grid step late.
+        let (every, grid) = if self.leader_is_idle() {
+            (
+                self.config.idle_heartbeat.max(self.config.heartbeat),
+                self.config.heartbeat,
+            )
         } else {
-            self.config.heartbeat
+            (self.config.heartbeat, self.config.heartbeat / 4)
         };
-        self.heartbeat_at = Some(now + every);
+        self.heartbeat_at = Some(align_up(now + every, grid));
     }
 
     fn leader_is_idle(&self) -> bool {
