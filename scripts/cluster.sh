@@ -18,6 +18,8 @@ TARGET=${CARGO_TARGET_DIR:-target}
 case $TARGET in /*) ;; *) TARGET=$ROOT/$TARGET ;; esac
 # SLOTRING_NODE_BIN: use that binary instead of building one.
 BIN=${SLOTRING_NODE_BIN:-$TARGET/release/node}
+# A running cluster keeps the binary `up` started it with (recorded in .cluster/bin).
+if [[ -z ${SLOTRING_NODE_BIN:-} && -f $DIR/bin ]]; then BIN=$(<"$DIR/bin"); fi
 READY_SECONDS=30
 STOP_SECONDS=5
 
@@ -64,7 +66,10 @@ our_pid() {
     [[ $pid =~ ^[0-9]+$ && -r /proc/$pid/cmdline ]] || return 0
     mapfile -d '' argv <"/proc/$pid/cmdline" 2>/dev/null || return 0
     [[ ${#argv[@]} -gt 1 ]] || return 0
-    [[ ${argv[0]##*/} == "${BIN##*/}" || ${argv[1]##*/} == "${BIN##*/}" ]] || return 0
+    # The binary `up` started (recorded), which may not be today's SLOTRING_NODE_BIN.
+    local started=$BIN
+    [[ -f $DIR/bin ]] && started=$(<"$DIR/bin")
+    [[ ${argv[0]##*/} == "${started##*/}" || ${argv[1]##*/} == "${started##*/}" ]] || return 0
     for ((i = 1; i + 1 < ${#argv[@]}; i++)); do
         if [[ ${argv[i]} == --data-dir && ${argv[i + 1]} == "$DIR/n$index" ]]; then
             echo "$pid"
@@ -144,6 +149,7 @@ cmd_up() {
     fi
     base_port >"$DIR/base.tmp" && mv "$DIR/base.tmp" "$DIR/base_port"
     echo "$count" >"$DIR/size"
+    echo "$BIN" >"$DIR/bin"
 
     if [[ -z ${SLOTRING_NODE_BIN:-} ]]; then
         cargo build --release -p node
@@ -201,6 +207,7 @@ cmd_down() {
         for ((index = 0; index < $(size); index++)); do
             rm -f "$DIR/n$index.pid"
         done
+        rm -f "$DIR/bin"
     fi
     if [[ $purge == --purge ]]; then
         rm -rf "$DIR"

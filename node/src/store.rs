@@ -1,41 +1,38 @@
 //! Durable shard storage: every shard replica's [`Durable`] state in one redb database,
-//! `<data-dir>/shards.redb`, with one write transaction per [`HostPersist`] group commit (R0).
+//! `<data-dir>/shards.redb`, fed by a write-ahead log, `<data-dir>/shards.wal/` ([`wal`]).
 //!
 //! [`Store::open`] creates or opens the database, creates or checks its format version and the
-//! node-wide [`StorageId`], folds what the write-ahead table still holds, and loads every
-//! shard. [`Store::commit`] makes a whole `HostPersist` durable in one transaction with
-//! [`Durability::Immediate`] by appending it to the write-ahead table: one row, written at the
-//! table's end, whatever the number of shards and keys it touches. [`Store::fold`] later applies
-//! many such batches to the shard tables in one transaction, each [`Change`] exactly as
-//! [`Durable::apply_change`] does in memory, and deletes their rows. So a group commit costs a
-//! sequential append and an fsync, and the random B-tree pages of the shard tables are
-//! rewritten once per fold instead of once per commit (with 1,024 shards, a batch of 100 writes
-//! used to dirty some 300 pages). [`StoreWorker::spawn`] runs the commits and folds on a
-//! dedicated thread, off the event loop, and reports durable batch ids in order through a
-//! [`StoreHandle`].
+//! node-wide [`StorageId`], folds what the write-ahead log holds beyond the database, and loads
+//! every shard. [`Store::commit`] makes a whole [`HostPersist`] durable (R0) by appending it to
+//! the log: one record and one `fdatasync`, whatever the number of shards and keys it touches.
+//! [`Store::fold`] later applies many such batches to the shard tables in one redb transaction,
+//! each [`Change`] exactly as [`Durable::apply_change`] does in memory, and records the first
+//! sequence number not folded (`next_unfolded`) in the same transaction; the log's segments
+//! before it are then deleted. So a group commit costs a sequential append and an fsync, and
+//! the random B-tree pages of the shard tables are rewritten once per fold instead of once per
+//! commit. [`StoreWorker::spawn`] runs commits and folds on two threads of their own, off the
+//! event loop, so a fold (tens of milliseconds) never delays a commit; durable batch ids come
+//! back in order through a [`StoreHandle`].
 //!
-//! A fold is committed without an fsync ([`Durability::None`]): the next commit's fsync makes
-//! it durable, and a crash before that leaves the write-ahead rows it would have deleted, which
-//! the next open folds again. Every state the disk can be in is therefore "the shard tables as
-//! of some fold, plus the write-ahead rows after it".
+//! Every state the disk can be in is "the shard tables as of some fold, plus the log's records
+//! from `next_unfolded` on", and opening folds the latter.
 //!
 //! A [`ShardSnapshot`] reads the shard tables, so it sees the state as of the last fold; call
 //! [`Store::fold`] first for the latest.
 //!
 //! What it does not do: merge batches (the host has at most one outstanding), retry a failed
-//! commit (after a failed fsync the disk's state is unknown: the node aborts, R0), shrink the
-//! file, or lock the data dir (the data dir's lock does; redb also refuses a second open of the
-//! same file).
+//! commit or fold (after a failed fsync the disk's state is unknown: the node aborts, R0),
+//! shrink the file, or lock the data dir (the data dir's lock does; redb also refuses a second
+//! open of the same file).
 //!
 //! # Tables
 //!
 //! | table | key | value |
 //! |---|---|---|
-//! | `meta` | `"format"`, `"storage_id"` | `u32` / `u128`, little endian |
+//! | `meta` | `"format"`, `"storage_id"`, `"next_unfolded"` | `u32` / `u128` / `u64`, little endian |
 //! | `shards` | shard `u16` | postcard of [`ShardRow`]: promised, base, applied, tombstone |
 //! | `log` | `(shard, index)` | postcard of an [`Entry`] |
 //! | `kv` | `(shard, key)` | value |
-//! | `wal` | sequence `u64` | postcard of one group commit's `Vec<(shard, Vec<Change>)>` |
 //!
 //! A shard's log rows are keyed by position: the `i`-th entry after the base (from 1) sits at
 //! `base.pos.index + i`, so the rows of a shard are always exactly `base + 1 ..= base + len`,
@@ -51,6 +48,7 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, mpsc};
 use std::thread::JoinHandle;
 
+use self::wal::Wal;
 use anyhow::{Context, Result, anyhow, bail};
 use cluster::replica::{
     Ballot, Base, Change, Config, Durable, Entry, HostBatchId, HostPersist, Pos, StorageId,
@@ -63,8 +61,9 @@ use redb::{
 use serde::{Deserialize, Serialize};
 use tokio::sync::mpsc as tokio_mpsc;
 
-/// The on-disk format this build reads and writes. Version 1 had no `wal` table; this build
-/// opens it and records version 2, which older builds refuse (they would ignore the table).
+/// The on-disk format this build reads and writes. Version 1 had no write-ahead log; this
+/// build opens it and records version 2, which older builds refuse (they would ignore the
+/// log).
 pub(crate) const FORMAT_VERSION: u32 = 2;
 const FIRST_FORMAT_VERSION: u32 = 1;
 
@@ -72,10 +71,10 @@ const META: TableDefinition<&str, &[u8]> = TableDefinition::new("meta");
 const SHARDS: TableDefinition<u16, &[u8]> = TableDefinition::new("shards");
 const LOG: TableDefinition<(u16, u64), &[u8]> = TableDefinition::new("log");
 const KV: TableDefinition<(u16, &[u8]), &[u8]> = TableDefinition::new("kv");
-const WAL: TableDefinition<u64, &[u8]> = TableDefinition::new("wal");
 
 const FORMAT_KEY: &str = "format";
 const STORAGE_ID_KEY: &str = "storage_id";
+const NEXT_UNFOLDED_KEY: &str = "next_unfolded";
 
 /// A shard's durable state except its log and key-value pairs.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -140,66 +139,108 @@ pub(crate) struct Opened {
     pub(crate) shards: BTreeMap<u16, Durable>,
 }
 
-/// When [`Store::fold_if_due`] folds: after this many commits or bytes of write-ahead rows,
-/// whichever comes first.
+/// When a fold is due: after this many commits or bytes of log records, whichever comes first
+/// ([`Store::fold_if_due`]), and, in the [`StoreWorker`], also once the oldest unfolded commit
+/// is `delay` old.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct FoldPolicy {
     /// Commits.
     pub(crate) batches: usize,
-    /// Bytes of encoded write-ahead rows.
+    /// Bytes of encoded log records.
     pub(crate) bytes: usize,
+    /// The longest a commit waits to be folded while the worker is running.
+    pub(crate) delay: std::time::Duration,
 }
 
 impl Default for FoldPolicy {
-    /// 64 commits or 8 MiB: a fold rewrites the touched pages once for many commits, and stays
-    /// short enough (tens of milliseconds) not to stall the commits queued behind it for long.
+    /// 256 commits, 16 MiB or 200 ms: a fold rewrites the touched pages once for many commits;
+    /// the bound keeps what an open must replay, and what waits in memory, small.
     fn default() -> Self {
         FoldPolicy {
-            batches: 64,
-            bytes: 8 << 20,
+            batches: 256,
+            bytes: 16 << 20,
+            delay: std::time::Duration::from_millis(200),
         }
     }
 }
 
-/// One group commit's changes, by shard, in order: a write-ahead row.
+/// One group commit's changes, by shard, in order: a log record's payload.
 type WalBatch = Vec<(u16, Vec<Change>)>;
 
 /// The shard database. One per node; not shared between threads (see [`StoreWorker`]).
 #[derive(Debug)]
 pub(crate) struct Store {
+    wal: Wal,
+    folder: Folder,
+}
+
+/// The shard tables' writer: committed batches wait here until folded.
+#[derive(Debug)]
+struct Folder {
     /// Shared with the [`StoreHandle`], whose snapshots read while the worker writes.
     db: Arc<Database>,
     path: PathBuf,
     policy: FoldPolicy,
-    /// The sequence number of the next write-ahead row.
-    next_row: u64,
-    /// The committed write-ahead rows not folded yet, in order (the same as on disk).
+    /// The sequence number of the first committed batch not in the shard tables.
+    next_unfolded: u64,
+    /// Committed batches from `next_unfolded` on, in order.
     unfolded: Vec<WalBatch>,
     unfolded_bytes: usize,
 }
 
+/// Where the write-ahead log of the store at `db_path` lives.
+fn wal_dir(db_path: &Path) -> PathBuf {
+    db_path.with_file_name("shards.wal")
+}
+
 impl Store {
-    /// Opens or creates the database at `path` (`<data-dir>/shards.redb`) and loads every
-    /// shard. A new database gets a new random [`StorageId`], so a wiped or recreated database
-    /// is a new member (PROTOCOL.md I5).
+    /// Opens or creates the database at `path` (`<data-dir>/shards.redb`) and its log, folds
+    /// what only the log holds, and loads every shard. A new database gets a new random
+    /// [`StorageId`], so a wiped or recreated database is a new member (PROTOCOL.md I5).
     pub(crate) fn open(path: &Path) -> Result<Opened> {
         let shown = path.display();
         let db = Database::create(path)
             .with_context(|| format!("opening the shard store {shown} (is it a redb database?)"))?;
-        let storage_id =
-            init_meta(&db).with_context(|| format!("reading the shard store {shown}"))?;
+        let Meta {
+            storage_id,
+            next_unfolded,
+            created,
+        } = init_meta(&db).with_context(|| format!("reading the shard store {shown}"))?;
+        let wal_dir = wal_dir(path);
+        if created {
+            // A log left by a deleted database belongs to a store that no longer exists.
+            match std::fs::remove_dir_all(&wal_dir) {
+                Err(error) if error.kind() != std::io::ErrorKind::NotFound => {
+                    return Err(error).with_context(|| {
+                        format!("removing the old write-ahead log {}", wal_dir.display())
+                    });
+                }
+                _ => {}
+            }
+        }
+        let (wal, records) = Wal::open(&wal_dir, storage_id, next_unfolded)
+            .with_context(|| format!("opening the write-ahead log of {shown}"))?;
         let mut store = Store {
-            db: Arc::new(db),
-            path: path.to_owned(),
-            policy: FoldPolicy::default(),
-            next_row: 0,
-            unfolded: Vec::new(),
-            unfolded_bytes: 0,
+            wal,
+            folder: Folder {
+                db: Arc::new(db),
+                path: path.to_owned(),
+                policy: FoldPolicy::default(),
+                next_unfolded,
+                unfolded: Vec::new(),
+                unfolded_bytes: 0,
+            },
         };
+        for (seq, payload) in records {
+            let batch: WalBatch = postcard::from_bytes(&payload)
+                .with_context(|| format!("decoding write-ahead record {seq} of {shown}"))?;
+            store.folder.push(seq, batch, payload.len())?;
+        }
         store
-            .fold_leftover_rows()
-            .with_context(|| format!("folding the write-ahead rows of {shown}"))?;
-        let shards = load(&store.db).with_context(|| format!("loading the shards of {shown}"))?;
+            .fold()
+            .with_context(|| format!("folding the write-ahead log of {shown}"))?;
+        let shards =
+            load(&store.folder.db).with_context(|| format!("loading the shards of {shown}"))?;
         Ok(Opened {
             store,
             storage_id,
@@ -209,51 +250,17 @@ impl Store {
 
     /// The database's path.
     pub(crate) fn path(&self) -> &Path {
-        &self.path
+        &self.folder.path
     }
 
     /// Folds after other numbers of commits or bytes than [`FoldPolicy::default`].
     pub(crate) fn set_fold_policy(&mut self, policy: FoldPolicy) {
-        self.policy = policy;
+        self.folder.policy = policy;
     }
 
     /// Whether committed batches wait to be folded.
     pub(crate) fn has_unfolded(&self) -> bool {
-        !self.unfolded.is_empty()
-    }
-
-    /// Folds the write-ahead rows a previous run left (it stopped before folding them) with
-    /// [`Durability::Immediate`], so loading the shard tables gives the whole state.
-    fn fold_leftover_rows(&mut self) -> Result<()> {
-        let txn = self
-            .db
-            .begin_read()
-            .context("starting a read transaction")?;
-        let rows = match txn.open_table(WAL) {
-            Ok(rows) => rows,
-            Err(redb::TableError::TableDoesNotExist(_)) => return Ok(()),
-            Err(error) => return Err(error).context("opening the write-ahead table"),
-        };
-        let mut expected = None;
-        for row in rows.iter()? {
-            let (sequence, bytes) = row?;
-            let sequence = sequence.value();
-            if expected.is_some_and(|expected| expected != sequence) {
-                bail!("the write-ahead table skips from row {expected:?} to {sequence}");
-            }
-            let batch: WalBatch = postcard::from_bytes(bytes.value())
-                .with_context(|| format!("decoding write-ahead row {sequence}"))?;
-            self.unfolded.push(batch);
-            self.unfolded_bytes += bytes.value().len();
-            self.next_row = sequence + 1;
-            expected = Some(sequence + 1);
-        }
-        drop(rows);
-        drop(txn);
-        if self.has_unfolded() {
-            self.fold(Durability::Immediate)?;
-        }
-        Ok(())
+        !self.folder.unfolded.is_empty()
     }
 
     /// Writes whole shard states, replacing what the store holds for them, in one durable
@@ -265,8 +272,8 @@ impl Store {
         shards: impl IntoIterator<Item = (u16, &'a Durable)>,
     ) -> Result<()> {
         // Committed changes go first, or a later fold would apply them over the new states.
-        self.fold(Durability::Immediate)?;
-        let txn = self.begin_write()?;
+        self.fold()?;
+        let txn = self.folder.begin_write()?;
         {
             let mut tables = Tables::open(&txn)?;
             for (shard, durable) in shards {
@@ -276,62 +283,77 @@ impl Store {
             }
         }
         txn.commit()
-            .with_context(|| format!("committing new shards to {}", self.path.display()))
+            .with_context(|| format!("committing new shards to {}", self.folder.path.display()))
     }
 
-    /// Makes `persist` durable: one write transaction with [`Durability::Immediate`] that
-    /// appends it to the write-ahead table. On an error nothing of the batch is committed, but
-    /// the disk's state is unknown to the caller afterwards: the node must abort (R0).
+    /// Makes `persist` durable: one record appended to the write-ahead log and fsynced. On an
+    /// error the log's tail is unknown to the caller: the node must abort (R0).
     pub(crate) fn commit(&mut self, persist: &HostPersist) -> Result<()> {
-        let batch = persist.batch.0;
-        let changes: Vec<(u16, &Vec<Change>)> = persist
-            .shards
-            .iter()
-            .map(|(shard, shard_persist)| (*shard, &shard_persist.changes))
-            .collect();
-        let bytes = encode(&changes)?;
-        let txn = self.begin_write()?;
-        txn.open_table(WAL)
-            .context("opening the write-ahead table")?
-            .insert(self.next_row, bytes.as_slice())
-            .with_context(|| format!("writing batch {batch}"))?;
-        txn.commit().with_context(|| {
-            format!(
-                "committing batch {batch} to {} (the node must abort)",
-                self.path.display()
-            )
-        })?;
-        self.next_row += 1;
-        self.unfolded_bytes += bytes.len();
-        self.unfolded.push(
-            persist
-                .shards
-                .iter()
-                .map(|(shard, shard_persist)| (*shard, shard_persist.changes.clone()))
-                .collect(),
-        );
-        Ok(())
+        let (batch, bytes) = encode_batch(persist)?;
+        let seq = self
+            .wal
+            .append(&bytes)
+            .with_context(|| format!("committing batch {}", persist.batch.0))?;
+        self.folder.push(seq, batch, bytes.len())
     }
 
-    /// [`fold`](Self::fold)s without an fsync once the [`FoldPolicy`] says so.
+    /// [`fold`](Self::fold)s once the [`FoldPolicy`]'s count or size says so.
     pub(crate) fn fold_if_due(&mut self) -> Result<()> {
-        if self.unfolded.len() >= self.policy.batches || self.unfolded_bytes >= self.policy.bytes {
-            self.fold(Durability::None)?;
+        if self.folder.is_due() {
+            self.fold()?;
         }
         Ok(())
     }
 
-    /// Applies every unfolded batch to the shard tables, in order, and deletes their
-    /// write-ahead rows, in one transaction of the given durability. With
-    /// [`Durability::None`] the next commit's fsync makes it durable; until then a crash
-    /// keeps the rows, to be folded at the next open.
-    pub(crate) fn fold(&mut self, durability: Durability) -> Result<()> {
+    /// Applies every committed batch not yet in the shard tables, in order, in one durable
+    /// transaction, then deletes the log segments that only held folded batches.
+    pub(crate) fn fold(&mut self) -> Result<()> {
+        self.folder.fold()?;
+        self.wal.release(self.folder.next_unfolded)
+    }
+
+    /// A consistent view of one shard's key-value pairs (a redb read transaction) as of the
+    /// last fold: what a leader streams to a learner (R6). Later commits do not change it.
+    pub(crate) fn read_snapshot(&self, shard: u16) -> Result<ShardSnapshot> {
+        read_snapshot(&self.folder.db, shard)
+    }
+}
+
+/// A group commit's log payload: its changes by shard, and their postcard.
+fn encode_batch(persist: &HostPersist) -> Result<(WalBatch, Vec<u8>)> {
+    let batch: WalBatch = persist
+        .shards
+        .iter()
+        .map(|(shard, shard_persist)| (*shard, shard_persist.changes.clone()))
+        .collect();
+    let bytes = encode(&batch)?;
+    Ok((batch, bytes))
+}
+
+impl Folder {
+    /// Queues committed batch `seq` for the next fold.
+    fn push(&mut self, seq: u64, batch: WalBatch, bytes: usize) -> Result<()> {
+        let expected = self.next_unfolded + self.unfolded.len() as u64;
+        if seq != expected {
+            bail!("write-ahead record {seq} arrived for folding, expected {expected}");
+        }
+        self.unfolded.push(batch);
+        self.unfolded_bytes += bytes;
+        Ok(())
+    }
+
+    fn is_due(&self) -> bool {
+        self.unfolded.len() >= self.policy.batches || self.unfolded_bytes >= self.policy.bytes
+    }
+
+    /// Applies every queued batch to the shard tables, in order, and advances `next_unfolded`
+    /// past them, in one transaction with [`Durability::Immediate`].
+    fn fold(&mut self) -> Result<()> {
         if self.unfolded.is_empty() {
             return Ok(());
         }
-        let mut txn = self.begin_write()?;
-        txn.set_durability(durability)
-            .context("choosing the fold's durability")?;
+        let next_unfolded = self.next_unfolded + self.unfolded.len() as u64;
+        let txn = self.begin_write()?;
         {
             let mut tables = Tables::open(&txn)?;
             let mut cursors: BTreeMap<u16, Cursor> = BTreeMap::new();
@@ -357,11 +379,10 @@ impl Store {
                     .insert(shard, row.as_slice())
                     .with_context(|| format!("writing shard {shard}"))?;
             }
-            let mut rows = txn
-                .open_table(WAL)
-                .context("opening the write-ahead table")?;
-            rows.retain_in(..self.next_row, |_, _| false)
-                .context("deleting folded write-ahead rows")?;
+            txn.open_table(META)
+                .context("opening the meta table")?
+                .insert(NEXT_UNFOLDED_KEY, &next_unfolded.to_le_bytes()[..])
+                .context("recording the folded position")?;
         }
         txn.commit().with_context(|| {
             format!(
@@ -369,15 +390,10 @@ impl Store {
                 self.path.display()
             )
         })?;
+        self.next_unfolded = next_unfolded;
         self.unfolded.clear();
         self.unfolded_bytes = 0;
         Ok(())
-    }
-
-    /// A consistent view of one shard's key-value pairs (a redb read transaction): what a
-    /// leader streams to a learner (R6). Later commits do not change it.
-    pub(crate) fn read_snapshot(&self, shard: u16) -> Result<ShardSnapshot> {
-        read_snapshot(&self.db, shard)
     }
 
     fn begin_write(&self) -> Result<WriteTransaction> {
@@ -617,9 +633,18 @@ impl<'txn> Tables<'txn> {
     }
 }
 
+/// What the meta table says.
+struct Meta {
+    storage_id: StorageId,
+    /// The first write-ahead record not folded yet (0 for a new or version-1 store).
+    next_unfolded: u64,
+    /// The database was created just now.
+    created: bool,
+}
+
 /// Creates the meta table of a new database (format version, new storage id), or checks an
-/// existing one's format version and reads its storage id.
-fn init_meta(db: &Database) -> Result<StorageId> {
+/// existing one's format version and reads its storage id and folded position.
+fn init_meta(db: &Database) -> Result<Meta> {
     let mut txn = db.begin_write().context("starting a write transaction")?;
     txn.set_durability(Durability::Immediate)
         .context("asking for immediate durability")?;
@@ -638,7 +663,7 @@ fn init_meta(db: &Database) -> Result<StorageId> {
         }
     }
     // `changed`: a new store, or one upgraded from version 1.
-    let (storage_id, changed) = {
+    let (storage_id, next_unfolded, changed) = {
         let mut meta = txn.open_table(META).context("opening the meta table")?;
         let format = meta.get(FORMAT_KEY)?.map(|bytes| bytes.value().to_vec());
         match format {
@@ -646,7 +671,7 @@ fn init_meta(db: &Database) -> Result<StorageId> {
                 let storage_id = StorageId(rand::random());
                 meta.insert(FORMAT_KEY, &FORMAT_VERSION.to_le_bytes()[..])?;
                 meta.insert(STORAGE_ID_KEY, &storage_id.0.to_le_bytes()[..])?;
-                (storage_id, true)
+                (storage_id, 0, true)
             }
             Some(bytes) => {
                 let version = <[u8; 4]>::try_from(bytes.as_slice())
@@ -669,20 +694,33 @@ fn init_meta(db: &Database) -> Result<StorageId> {
                 let id = <[u8; 16]>::try_from(bytes.as_slice())
                     .map(u128::from_le_bytes)
                     .map_err(|_| anyhow!("the storage id is {} bytes, not 16", bytes.len()))?;
-                (StorageId(id), upgrade)
+                let next_unfolded = match meta.get(NEXT_UNFOLDED_KEY)? {
+                    None => 0,
+                    Some(bytes) => <[u8; 8]>::try_from(bytes.value())
+                        .map(u64::from_le_bytes)
+                        .map_err(|_| {
+                            anyhow!(
+                                "the folded position is {} bytes, not 8",
+                                bytes.value().len()
+                            )
+                        })?,
+                };
+                (StorageId(id), next_unfolded, upgrade)
             }
         }
     };
     if changed {
         Tables::open(&txn)?;
-        txn.open_table(WAL)
-            .context("creating the write-ahead table")?;
         txn.commit()
             .context("committing the new store's meta table")?;
     } else {
         txn.abort().context("closing the meta transaction")?;
     }
-    Ok(storage_id)
+    Ok(Meta {
+        storage_id,
+        next_unfolded,
+        created: !has_meta,
+    })
 }
 
 /// Every shard's [`Durable`], checking each log's rows are exactly its positions.
@@ -744,102 +782,169 @@ fn kv_range(shard: u16) -> (KvBound, KvBound) {
     (start, end)
 }
 
-/// How long the store thread waits for a commit before folding what is left.
-const IDLE_FOLD: std::time::Duration = std::time::Duration::from_secs(1);
-
-/// Runs a [`Store`]'s commits on a dedicated thread, off the event loop.
+/// Runs a [`Store`] on two threads of its own, off the event loop: `slotring-wal` appends and
+/// fsyncs each submitted batch and reports it durable; `slotring-fold` folds committed batches
+/// into the shard tables by the [`FoldPolicy`] and tells the first one which log segments may
+/// go.
 #[derive(Debug)]
 pub(crate) struct StoreWorker;
 
 impl StoreWorker {
-    /// Moves `store` to a new thread that commits each submitted batch in order and reports it
-    /// durable. After a failed commit the thread reports the error and stops: the node must
-    /// then abort (R0), since what reached the disk is unknown.
-    pub(crate) fn spawn(mut store: Store) -> Result<StoreHandle> {
-        let db = Arc::clone(&store.db);
+    /// Moves `store` to its threads. After a failed commit or fold the failing thread reports
+    /// the error and stops, and the handle refuses further work: the node must then abort
+    /// (R0), since what reached the disk is unknown.
+    pub(crate) fn spawn(store: Store) -> Result<StoreHandle> {
+        let Store {
+            mut wal,
+            mut folder,
+        } = store;
+        let db = Arc::clone(&folder.db);
         let (submit, batches) = mpsc::channel::<HostPersist>();
+        let (to_fold, committed) = mpsc::channel::<(u64, WalBatch, usize)>();
         let (report, durable) = tokio_mpsc::unbounded_channel();
-        let thread = std::thread::Builder::new()
-            .name("slotring-store".to_owned())
+        let folded = Arc::new(std::sync::atomic::AtomicU64::new(folder.next_unfolded));
+        let fold_report = report.clone();
+        let folded_by_folder = Arc::clone(&folded);
+        let folder_thread = std::thread::Builder::new()
+            .name("slotring-fold".to_owned())
             .spawn(move || {
+                let report = fold_report;
+                let mut oldest: Option<std::time::Instant> = None;
                 loop {
-                    let persist = match batches.recv_timeout(IDLE_FOLD) {
-                        Ok(persist) => persist,
-                        Err(mpsc::RecvTimeoutError::Timeout) => {
-                            // Idle: fold what waits, durably, while nobody waits for a commit.
-                            if let Err(error) = store.fold(Durability::Immediate) {
+                    let received = match oldest {
+                        None => committed
+                            .recv()
+                            .map_err(|_| mpsc::RecvTimeoutError::Disconnected),
+                        Some(since) => committed.recv_timeout(
+                            (since + folder.policy.delay)
+                                .saturating_duration_since(std::time::Instant::now()),
+                        ),
+                    };
+                    let finished = match received {
+                        Ok((seq, batch, bytes)) => {
+                            if let Err(error) = folder.push(seq, batch, bytes) {
                                 let _ = report.send(Err(error));
                                 break;
                             }
-                            continue;
+                            oldest.get_or_insert_with(std::time::Instant::now);
+                            if !folder.is_due() {
+                                continue;
+                            }
+                            false
                         }
-                        Err(mpsc::RecvTimeoutError::Disconnected) => break,
+                        Err(mpsc::RecvTimeoutError::Timeout) => false,
+                        Err(mpsc::RecvTimeoutError::Disconnected) => true,
                     };
-                    let result = store.commit(&persist).map(|()| persist.batch);
-                    let failed = result.is_err();
-                    if report.send(result).is_err() || failed {
+                    if let Err(error) = folder.fold() {
+                        let _ = report.send(Err(error));
                         break;
                     }
-                    // After the report: the commit's messages leave while the fold runs.
-                    if let Err(error) = store.fold_if_due() {
+                    oldest = None;
+                    folded_by_folder
+                        .store(folder.next_unfolded, std::sync::atomic::Ordering::Release);
+                    if finished {
+                        break;
+                    }
+                }
+            })
+            .context("starting the fold thread")?;
+        let wal_thread = std::thread::Builder::new()
+            .name("slotring-wal".to_owned())
+            .spawn(move || {
+                while let Ok(persist) = batches.recv() {
+                    let committed = encode_batch(&persist).and_then(|(batch, bytes)| {
+                        let seq = wal
+                            .append(&bytes)
+                            .with_context(|| format!("committing batch {}", persist.batch.0))?;
+                        Ok((seq, batch, bytes.len()))
+                    });
+                    let (seq, batch, bytes) = match committed {
+                        Ok(committed) => committed,
+                        Err(error) => {
+                            let _ = report.send(Err(error));
+                            break;
+                        }
+                    };
+                    // Durable: the batch's messages may leave while it waits to be folded.
+                    if report.send(Ok(persist.batch)).is_err()
+                        || to_fold.send((seq, batch, bytes)).is_err()
+                    {
+                        break;
+                    }
+                    let next_unfolded = folded.load(std::sync::atomic::Ordering::Acquire);
+                    if let Err(error) = wal.release(next_unfolded) {
                         let _ = report.send(Err(error));
                         break;
                     }
                 }
             })
-            .context("starting the store thread")?;
+            .context("starting the write-ahead log thread")?;
         Ok(StoreHandle {
             db,
             submit: Some(submit),
             durable,
-            thread: Some(thread),
+            stopped: false,
+            threads: vec![wal_thread, folder_thread],
         })
     }
 }
 
-/// The event loop's side of a [`StoreWorker`]. Dropping it stops the thread after the batch it
-/// is committing, if any (the drop waits for that).
+/// The event loop's side of a [`StoreWorker`]. Dropping it stops the threads after folding
+/// what was committed (the drop waits for that).
 #[derive(Debug)]
 pub(crate) struct StoreHandle {
     db: Arc<Database>,
     submit: Option<mpsc::Sender<HostPersist>>,
     durable: tokio_mpsc::UnboundedReceiver<Result<HostBatchId>>,
-    thread: Option<JoinHandle<()>>,
+    /// A commit or fold failed: nothing more is accepted or reported.
+    stopped: bool,
+    threads: Vec<JoinHandle<()>>,
 }
 
 impl StoreHandle {
-    /// Queues a batch for commit; never blocks. Fails if the worker has stopped (after a failed
-    /// commit, which [`durable`](Self::durable) reports).
+    /// Queues a batch for commit; never blocks. Fails once the worker has stopped (after a
+    /// failed commit or fold, which [`durable`](Self::durable) reports).
     pub(crate) fn submit(&self, persist: HostPersist) -> Result<()> {
         let batch = persist.batch.0;
         self.submit
             .as_ref()
+            .filter(|_| !self.stopped)
             .and_then(|submit| submit.send(persist).ok())
             .ok_or_else(|| anyhow!("the store thread has stopped; batch {batch} was not queued"))
     }
 
-    /// [`Store::read_snapshot`], while the worker commits: the view holds what was durable
+    /// [`Store::read_snapshot`], while the worker commits: the view holds what was folded
     /// when it was taken.
     pub(crate) fn read_snapshot(&self, shard: u16) -> Result<ShardSnapshot> {
         read_snapshot(&self.db, shard)
     }
 
-    /// The next batch made durable, in submission order; an error if its commit failed (the
-    /// node must abort, R0) or the worker stopped.
+    /// The next batch made durable, in submission order; an error if a commit or fold failed
+    /// (the node must abort, R0) or the worker stopped.
     pub(crate) async fn durable(&mut self) -> Result<HostBatchId> {
+        if self.stopped {
+            return Err(anyhow!("the store thread has stopped"));
+        }
         match self.durable.recv().await {
-            Some(result) => result,
-            None => Err(anyhow!("the store thread has stopped")),
+            Some(Ok(batch)) => Ok(batch),
+            Some(Err(error)) => {
+                self.stopped = true;
+                Err(error)
+            }
+            None => {
+                self.stopped = true;
+                Err(anyhow!("the store thread has stopped"))
+            }
         }
     }
 }
 
 impl Drop for StoreHandle {
     fn drop(&mut self) {
-        // Closing the queue ends the thread's loop.
+        // Closing the queue ends the log thread, whose end ends the fold thread's queue.
         self.submit = None;
-        if let Some(thread) = self.thread.take() {
-            // A panic in the thread was already printed; there is nothing more to report.
+        for thread in self.threads.drain(..) {
+            // A panic in a thread was already printed; there is nothing more to report.
             let _ = thread.join();
         }
     }
@@ -847,3 +952,4 @@ impl Drop for StoreHandle {
 
 #[cfg(test)]
 mod tests;
+mod wal;

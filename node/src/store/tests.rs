@@ -306,6 +306,7 @@ proptest! {
         store.set_fold_policy(FoldPolicy {
             batches: fold_every.unwrap_or(usize::MAX),
             bytes: usize::MAX,
+            ..FoldPolicy::default()
         });
         for persist in &persists {
             store.commit(persist).unwrap();
@@ -393,9 +394,9 @@ fn odd_changes_follow_apply_change() {
         let persist = host_persist(batch, shards);
         store.commit(&persist).unwrap();
         model.apply(&persist);
-        store.fold(Durability::None).unwrap();
+        store.fold().unwrap();
         assert_eq!(
-            load(&store.db).unwrap(),
+            load(&store.folder.db).unwrap(),
             model.shards,
             "after batch {batch}"
         );
@@ -484,7 +485,6 @@ fn a_version_1_store_is_upgraded() {
         drop(store);
         let db = Database::create(dir.db()).unwrap();
         let txn = db.begin_write().unwrap();
-        txn.delete_table(WAL).unwrap();
         txn.open_table(META)
             .unwrap()
             .insert(FORMAT_KEY, &1u32.to_le_bytes()[..])
@@ -562,10 +562,10 @@ fn a_snapshot_is_one_shards_pairs_at_one_moment() {
             .unwrap()
             .is_empty()
     );
-    store.fold(Durability::None).unwrap();
+    store.fold().unwrap();
     let snapshot = store.read_snapshot(1).unwrap();
     store.commit(&host_persist(1, vec![puts(1, 5..9)])).unwrap();
-    store.fold(Durability::None).unwrap();
+    store.fold().unwrap();
     let all = snapshot.chunk(None, usize::MAX).unwrap();
     assert_eq!(
         all,
@@ -613,6 +613,7 @@ async fn the_worker_reports_batches_in_order_then_stops_on_drop() {
     handle_store.set_fold_policy(FoldPolicy {
         batches: 3,
         bytes: usize::MAX,
+        ..FoldPolicy::default()
     });
     let mut handle = StoreWorker::spawn(handle_store).unwrap();
     let persists = crash_batches(0..20);
@@ -635,6 +636,7 @@ async fn a_failed_fold_is_reported_and_stops_the_worker() {
     store.set_fold_policy(FoldPolicy {
         batches: 1,
         bytes: usize::MAX,
+        ..FoldPolicy::default()
     });
     let mut handle = StoreWorker::spawn(store).unwrap();
     let base = Base {
@@ -666,7 +668,7 @@ async fn a_failed_fold_is_reported_and_stops_the_worker() {
             )],
         ))
         .unwrap();
-    // Batch 1 reaches the write-ahead table; folding it into the shard tables fails.
+    // Batch 1 reaches the write-ahead log; folding it into the shard tables fails.
     assert_eq!(handle.durable().await.unwrap(), HostBatchId(0));
     assert_eq!(handle.durable().await.unwrap(), HostBatchId(1));
     let error = format!("{:#}", handle.durable().await.unwrap_err());
@@ -680,7 +682,7 @@ async fn a_failed_fold_is_reported_and_stops_the_worker() {
     // The fold's transaction left nothing behind, and the store refuses to open with a row it
     // cannot fold rather than drop an acknowledged batch.
     let error = format!("{:#}", Store::open(&dir.db()).unwrap_err());
-    assert!(error.contains("folding the write-ahead rows"), "{error}");
+    assert!(error.contains("folding the write-ahead log"), "{error}");
     assert!(error.contains("u64::MAX"), "{error}");
 }
 
@@ -742,6 +744,7 @@ fn crash_child() {
     store.set_fold_policy(FoldPolicy {
         batches: 4,
         bytes: usize::MAX,
+        ..FoldPolicy::default()
     });
     let mut out = std::io::stdout();
     for batch in 0.. {
