@@ -369,17 +369,9 @@ impl ShardHost {
     /// Moves messages whose batch is now durable to the per-peer frames, keeping their order.
     /// Runs once per group commit, so it costs one pass over the waiting messages per fsync.
     fn release(&mut self) {
-        let mut still = VecDeque::new();
-        for (after, peer, shard, to, message) in std::mem::take(&mut self.waiting) {
-            if self.is_durable(after) {
-                self.ready
-                    .entry(peer)
-                    .or_default()
-                    .push((shard, to, message));
-            } else {
-                still.push_back((after, peer, shard, to, message));
-            }
+        for (after, _, shard, to, message) in std::mem::take(&mut self.waiting) {
+            // Still waiting: back in `waiting`, in order.
+            self.queue(after, shard, to, message);
         }
-        self.waiting = still;
     }
 }
