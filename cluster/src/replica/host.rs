@@ -322,12 +322,14 @@ impl ShardHost {
             self.replies.push_back((shard, tag, reply));
         }
         let deadline = replica.poll_timeout().map(|(at, _)| at);
-        if let Some(old) = self.deadline_of.remove(&shard) {
-            self.deadlines.remove(&(old, shard));
-        }
-        if let Some(at) = deadline {
-            self.deadlines.insert((at, shard));
-            self.deadline_of.insert(shard, at);
+        if self.deadline_of.get(&shard).copied() != deadline {
+            if let Some(old) = self.deadline_of.remove(&shard) {
+                self.deadlines.remove(&(old, shard));
+            }
+            if let Some(at) = deadline {
+                self.deadlines.insert((at, shard));
+                self.deadline_of.insert(shard, at);
+            }
         }
         for message in outgoing {
             // A replica batch is either still open (it joins the next group commit) or in
