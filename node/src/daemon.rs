@@ -38,6 +38,45 @@ const CLIENT_ANSWER_PATIENCE: Duration = Duration::from_secs(60);
 /// How long a graceful leave waits for its notices to be acknowledged.
 const LEAVE_GRACE: Duration = Duration::from_millis(1500);
 
+/// A queue with a fixed capacity that refuses, rather than grows, when full.
+#[derive(Debug)]
+struct Backlog<T> {
+    items: VecDeque<T>,
+    capacity: usize,
+}
+
+impl<T> Backlog<T> {
+    fn new(capacity: usize) -> Self {
+        Backlog {
+            items: VecDeque::new(),
+            capacity,
+        }
+    }
+
+    /// Queues `item`, or gives it back when `capacity` items already wait.
+    fn offer(&mut self, item: T) -> Result<(), T> {
+        if self.items.len() >= self.capacity {
+            return Err(item);
+        }
+        self.items.push_back(item);
+        Ok(())
+    }
+
+    /// The oldest `at_most` items, in order.
+    fn take(&mut self, at_most: usize) -> Vec<T> {
+        let count = at_most.min(self.items.len());
+        self.items.drain(..count).collect()
+    }
+
+    fn len(&self) -> usize {
+        self.items.len()
+    }
+
+    fn is_empty(&self) -> bool {
+        self.items.is_empty()
+    }
+}
+
 /// Whether `message` is a request from a client (not a node) identity.
 fn is_from_client(message: &Inbound) -> bool {
     matches!(
@@ -408,7 +447,7 @@ struct NodeLoop {
     next_token: u64,
     /// Client requests received but not handed to the core yet: each turn of the loop handles
     /// node traffic first, then at most [`CLIENT_SLICE`] of these.
-    client_backlog: VecDeque<Inbound>,
+    client_backlog: Backlog<Inbound>,
 }
 
 impl NodeLoop {
@@ -436,7 +475,7 @@ impl NodeLoop {
             store,
             clients: HashMap::new(),
             next_token: 0,
-            client_backlog: VecDeque::new(),
+            client_backlog: Backlog::new(MAX_CLIENT_BACKLOG),
         }
     }
 
@@ -559,10 +598,9 @@ impl NodeLoop {
 
     /// Adds a client request to the backlog, or refuses it at once when the backlog is full.
     fn queue_client(&mut self, message: Inbound) {
-        if self.client_backlog.len() < MAX_CLIENT_BACKLOG {
-            self.client_backlog.push_back(message);
+        let Err(message) = self.client_backlog.offer(message) else {
             return;
-        }
+        };
         if let Inbound::Request { responder, .. } = message {
             let refusal = Response::Overloaded {
                 waiting: u32::try_from(self.client_backlog.len()).unwrap_or(u32::MAX),
@@ -575,10 +613,7 @@ impl NodeLoop {
 
     /// Hands at most [`CLIENT_SLICE`] waiting client requests to the core.
     fn serve_clients(&mut self) {
-        for _ in 0..CLIENT_SLICE {
-            let Some(message) = self.client_backlog.pop_front() else {
-                break;
-            };
+        for message in self.client_backlog.take(CLIENT_SLICE) {
             self.handle_inbound(message);
         }
     }
@@ -762,6 +797,20 @@ mod tests {
             vnodes: None,
             placement: None,
         }
+    }
+
+    #[test]
+    fn a_full_backlog_refuses_and_hands_out_in_order() {
+        let mut backlog = Backlog::new(3);
+        for item in 0..3 {
+            assert_eq!(backlog.offer(item), Ok(()));
+        }
+        assert_eq!(backlog.offer(3), Err(3), "the fourth is refused");
+        assert_eq!(backlog.len(), 3);
+        assert_eq!(backlog.take(2), vec![0, 1]);
+        assert_eq!(backlog.offer(4), Ok(()), "room again after taking");
+        assert_eq!(backlog.take(10), vec![2, 4]);
+        assert!(backlog.is_empty());
     }
 
     #[test]
