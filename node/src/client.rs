@@ -2,8 +2,11 @@
 //! the leader of the key's shard.
 //!
 //! Routing: the shard and its placement leader come from any node (`shard-for`), then every
-//! `moved` answer is followed to the leader it names. Retries: an attempt the cluster answered
-//! with `moved` or `unavailable` was never appended (PROTOCOL.md R10), and a request that never
+//! `moved` answer is followed to the leader it names. After an `unavailable` answer (or a
+//! `moved` that names no leader) the next attempt goes wherever the seed then says the shard
+//! leads: the node asked may have lost its leadership, cut off from a majority that has
+//! elected another leader it cannot name. Retries: an attempt the cluster answered with
+//! `moved` or `unavailable` was never appended (PROTOCOL.md R10), and a request that never
 //! left this process was never seen, so both are retried until the deadline. A write that may
 //! have reached a leader without a definite answer (a timeout, a closed connection, or
 //! `indeterminate`) is *not* retried: it is reported as indeterminate, because it may yet
@@ -262,8 +265,16 @@ impl KvClient {
                     }
                 }
                 ClientReply::Moved { leader: None, .. } | ClientReply::Unavailable => {
+                    // Never appended. The target knows no leader; the seed may know a newer one
+                    // (a leader cut off from its peers steps down, and never hears whom the
+                    // majority elected), so ask it again rather than the same target until the
+                    // deadline.
+                    self.routes().leaders.remove(&shard);
                     tokio::time::sleep(backoff).await;
                     backoff = (backoff * 2).min(Duration::from_millis(200));
+                    if let Ok((_, Some(leader))) = self.route(&key, deadline).await {
+                        target = leader;
+                    }
                 }
                 ClientReply::Indeterminate if !write => {}
                 ClientReply::Indeterminate => {

@@ -435,8 +435,10 @@ struct NodeLoop {
     answers_rx: mpsc::UnboundedReceiver<(RequestId, Result<Response, String>)>,
     /// Leave notices in flight, during shutdown.
     leaving: Vec<tokio::task::JoinHandle<()>>,
-    /// Peers saved in the data dir, asked again while this node is alone (so nodes that all
-    /// restarted at once, each starting alone, find each other).
+    /// Peers saved in the data dir (kept equal to it by [`NodeLoop::save_peers`]), asked
+    /// again while this node is alone: so nodes that all restarted at once, each starting
+    /// alone, find each other, and a node that was cut off from the others, which all hold it
+    /// down while it holds them down, is let back in.
     saved_peers: Vec<std::net::SocketAddr>,
     welcomes_tx: mpsc::UnboundedSender<Vec<WireMember>>,
     welcomes_rx: mpsc::UnboundedReceiver<Vec<WireMember>>,
@@ -671,8 +673,9 @@ impl NodeLoop {
             .retain(|_, (since, _)| since.elapsed() < CLIENT_ANSWER_PATIENCE);
     }
 
-    /// Remembers the live members' addresses, so a restart without `--join` finds them.
-    fn save_peers(&self) -> Result<()> {
+    /// Remembers the live members' addresses, so a restart without `--join` finds them, and so
+    /// does [`NodeLoop::retry_saved_peers`] while this node is alone.
+    fn save_peers(&mut self) -> Result<()> {
         let me = self.core.identity().node_id.clone();
         let peers: Vec<std::net::SocketAddr> = self
             .core
@@ -685,7 +688,9 @@ impl NodeLoop {
         if peers.is_empty() {
             return Ok(()); // Keep the last known peers: they may come back.
         }
-        self.data_dir.store_peers(&peers)
+        self.data_dir.store_peers(&peers)?;
+        self.saved_peers = peers;
+        Ok(())
     }
 
     /// Carries out everything the core asked for; never awaits a peer.

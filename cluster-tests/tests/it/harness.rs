@@ -6,12 +6,17 @@
 //!
 //! The harness never runs cargo (a test would deadlock on the build lock): the binary must be
 //! built first, see [`node_binary`].
+//!
+//! A cluster may run inside a network namespace of the test's own ([`Cluster::launch_in`]):
+//! its nodes and every CLI call then run under `ip netns exec`, which execs the command, so
+//! the pids the harness holds are still the nodes' own.
 
 use std::collections::HashSet;
 use std::fmt::Write as _;
 use std::fs::{self, OpenOptions};
 use std::io::Read;
 use std::net::{SocketAddr, UdpSocket};
+use std::os::unix::process::CommandExt as _;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
 use std::sync::atomic::{AtomicU32, Ordering};
@@ -20,6 +25,8 @@ use std::thread;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use serde_json::Value;
+
+use crate::netns::Netns;
 
 /// How long one CLI call may take before it is killed.
 const CLI_TIMEOUT: Duration = Duration::from_secs(10);
@@ -113,20 +120,50 @@ impl CliOutput {
     }
 }
 
-/// Runs `binary args`, killing it if it takes more than [`CLI_TIMEOUT`].
+/// How the harness starts a process: directly or inside a network namespace, in the caller's
+/// group or in another one (which nftables rules can match with `meta skgid`).
+#[derive(Debug, Clone, Default)]
+pub(crate) struct Launcher {
+    /// `ip netns exec NAME` before the binary, when set.
+    netns: Option<String>,
+    /// The group id of the process, when set.
+    gid: Option<u32>,
+}
+
+impl Launcher {
+    /// A command that runs `binary` as this launcher says, without the caller's `SLOTRING_*`
+    /// variables (see [`hermetic`]).
+    fn command(&self, binary: &Path) -> Command {
+        let mut command = match &self.netns {
+            Some(name) => {
+                // `ip netns exec` execs `binary` (it forks only with `-b`): same pid.
+                let mut command = Command::new("ip");
+                command.args(["netns", "exec", name]).arg(binary);
+                command
+            }
+            None => Command::new(binary),
+        };
+        if let Some(gid) = self.gid {
+            command.gid(gid);
+        }
+        hermetic(&mut command);
+        command
+    }
+}
+
+/// Runs `binary args` as `launcher` says, killing it if it takes more than [`CLI_TIMEOUT`].
 ///
 /// Waits on the child's pipes rather than polling its status, so a 10 ms call is not stretched
 /// by a polling period: a process has exited, or is about to, once both pipes reach their end.
-pub(crate) fn run(binary: &Path, args: &[&str]) -> Result<CliOutput, String> {
-    let mut command = Command::new(binary);
+fn run(launcher: &Launcher, binary: &Path, args: &[&str]) -> Result<CliOutput, String> {
+    let mut command = launcher.command(binary);
     command.args(args);
-    hermetic(&mut command);
     let mut child = command
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
-        .map_err(|error| format!("cannot run {}: {error}", binary.display()))?;
+        .map_err(|error| format!("cannot run {} ({launcher:?}): {error}", binary.display()))?;
     let stdout = drain(child.stdout.take());
     let stderr = drain(child.stderr.take());
     let deadline = Instant::now() + CLI_TIMEOUT;
@@ -314,6 +351,11 @@ pub(crate) struct Cluster {
     dir: PathBuf,
     certs_dir: PathBuf,
     nodes: Vec<Node>,
+    /// How nodes and CLI calls start.
+    launcher: Launcher,
+    /// The namespace the nodes run in, if not the caller's; a field, so it is deleted only
+    /// after [`Cluster`]'s `drop` has killed and reaped the nodes in it.
+    netns: Option<Netns>,
     _slot: ClusterSlot,
 }
 
@@ -341,14 +383,34 @@ impl Cluster {
     /// [`Cluster::launch`] with `extra_args` added to every node's daemon flags, such as
     /// `["--shards", "16"]` (fewer shards heartbeat less, which keeps two cores idle enough).
     pub(crate) fn launch_with(label: &str, size: usize, extra_args: &[&str]) -> Cluster {
+        Cluster::new_with(label, size, extra_args).boot()
+    }
+
+    /// [`Cluster::launch_with`] inside `netns`: the nodes, and every CLI call made through the
+    /// cluster or its [`Client`]s, run there. The cluster owns the namespace and deletes it
+    /// after killing its nodes.
+    pub(crate) fn launch_in(
+        netns: Netns,
+        label: &str,
+        size: usize,
+        extra_args: &[&str],
+    ) -> Cluster {
         let mut cluster = Cluster::new_with(label, size, extra_args);
-        cluster.start(0);
-        cluster.wait_answering(0);
-        for index in 1..size {
-            cluster.start_joining(index, 0);
+        cluster.launcher.netns = Some(netns.name().to_owned());
+        cluster.netns = Some(netns);
+        cluster.boot()
+    }
+
+    /// Starts every node of a new cluster: the first bootstraps, the others join it; waits
+    /// until they converge.
+    fn boot(mut self) -> Cluster {
+        self.start(0);
+        self.wait_answering(0);
+        for index in 1..self.nodes.len() {
+            self.start_joining(index, 0);
         }
-        cluster.wait_converged(CONVERGE_WITHIN);
-        cluster
+        self.wait_converged(CONVERGE_WITHIN);
+        self
     }
 
     /// A cluster of `size` nodes `n0..` with certificates and ports, none started, with
@@ -368,6 +430,8 @@ impl Cluster {
             dir,
             certs_dir: certs_dir.clone(),
             nodes: Vec::new(),
+            launcher: Launcher::default(),
+            netns: None,
             _slot: slot,
         };
         cluster.certs(&["init", "--certs-dir", path_str(&certs_dir)]);
@@ -423,7 +487,9 @@ impl Cluster {
     fn certs(&self, args: &[&str]) {
         let mut full = vec!["certs"];
         full.extend_from_slice(args);
-        let output = run(&self.binary, &full).unwrap_or_else(|error| panic!("{error}"));
+        // Certificates are files: made outside any namespace.
+        let output = run(&Launcher::default(), &self.binary, &full)
+            .unwrap_or_else(|error| panic!("{error}"));
         assert!(
             output.status.success(),
             "`node {}` failed with {}: {}",
@@ -441,6 +507,28 @@ impl Cluster {
     /// Node `index`.
     pub(crate) fn node(&self, index: usize) -> &Node {
         &self.nodes[index]
+    }
+
+    /// The index of the node called `id`.
+    ///
+    /// # Panics
+    ///
+    /// If there is none.
+    pub(crate) fn index_of(&self, id: &str) -> usize {
+        self.nodes
+            .iter()
+            .position(|node| node.id == id)
+            .unwrap_or_else(|| panic!("no node {id}"))
+    }
+
+    /// The network namespace the nodes run in, if the cluster has one ([`Cluster::launch_in`]).
+    pub(crate) fn netns(&self) -> Option<&Netns> {
+        self.netns.as_ref()
+    }
+
+    /// The `node` binary the cluster runs.
+    pub(crate) fn binary(&self) -> &Path {
+        &self.binary
     }
 
     /// Indices of the nodes the harness started and has not reaped.
@@ -503,9 +591,8 @@ impl Cluster {
             .open(&node.log)
             .expect("open the node's log");
         let log_err = log.try_clone().expect("clone the log handle");
-        let mut command = Command::new(&binary);
+        let mut command = self.launcher.command(&binary);
         command.args(&args);
-        hermetic(&mut command);
         if std::env::var_os("RUST_LOG").is_none() {
             command.env("RUST_LOG", "info");
         }
@@ -514,7 +601,13 @@ impl Cluster {
             .stdout(Stdio::from(log))
             .stderr(Stdio::from(log_err))
             .spawn()
-            .unwrap_or_else(|error| panic!("cannot start {}: {error}", binary.display()));
+            .unwrap_or_else(|error| {
+                panic!(
+                    "cannot start {} ({:?}): {error}",
+                    binary.display(),
+                    self.launcher
+                )
+            });
         node.child = Some(child);
     }
 
@@ -542,6 +635,7 @@ impl Cluster {
         output: &str,
     ) -> Result<CliOutput, String> {
         cli_against(
+            &self.launcher,
             &self.binary,
             &self.certs_dir,
             self.nodes[index].addr,
@@ -555,6 +649,7 @@ impl Cluster {
     /// nodes through the cluster.
     pub(crate) fn client(&self) -> Client {
         Client {
+            launcher: self.launcher.clone(),
             binary: self.binary.clone(),
             certs_dir: self.certs_dir.clone(),
             addrs: self.nodes.iter().map(|node| node.addr).collect(),
@@ -708,8 +803,9 @@ impl Drop for Cluster {
     }
 }
 
-/// Runs `node ARGS -a ADDR -o OUTPUT --certs-dir DIR`.
+/// Runs `node ARGS -a ADDR -o OUTPUT --certs-dir DIR` as `launcher` says.
 fn cli_against(
+    launcher: &Launcher,
     binary: &Path,
     certs_dir: &Path,
     addr: SocketAddr,
@@ -726,12 +822,13 @@ fn cli_against(
         "--certs-dir",
         path_str(certs_dir),
     ]);
-    run(binary, &full)
+    run(launcher, binary, &full)
 }
 
 /// CLI calls against the nodes of a [`Cluster`], from any thread; see [`Cluster::client`].
 #[derive(Debug, Clone)]
 pub(crate) struct Client {
+    launcher: Launcher,
     binary: PathBuf,
     certs_dir: PathBuf,
     addrs: Vec<SocketAddr>,
@@ -743,6 +840,14 @@ impl Client {
         self.addrs.len()
     }
 
+    /// This handle, with its CLI processes run in group `gid`, which nftables rules can tell
+    /// apart from the others' (`meta skgid`).
+    pub(crate) fn in_group(&self, gid: u32) -> Client {
+        let mut client = self.clone();
+        client.launcher.gid = Some(gid);
+        client
+    }
+
     /// Runs `node ARGS -a ADDR -o OUTPUT --certs-dir DIR` against node `index`.
     pub(crate) fn cli(
         &self,
@@ -751,6 +856,7 @@ impl Client {
         output: &str,
     ) -> Result<CliOutput, String> {
         cli_against(
+            &self.launcher,
             &self.binary,
             &self.certs_dir,
             self.addrs[index],

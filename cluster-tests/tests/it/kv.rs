@@ -5,217 +5,31 @@
 //! Every cluster here runs with `--shards 16`: each shard's leader heartbeats every 100 ms,
 //! and 1024 shards per node would keep two cores busy on their own.
 //!
-//! The safety check ([`check_histories`]) is per key, each key written by one writer with
-//! increasing values: the value read at the end must be the last acknowledged one or one
-//! attempted after it whose outcome is unknown; never an older acknowledged value, never one
-//! the cluster answered `unavailable`/`refused` for (those were never appended), never a value
-//! nobody wrote.
+//! The safety check is [`crate::workload::check_histories`]: per key, each key written by one
+//! writer with increasing values.
 
-use std::collections::{BTreeMap, BTreeSet};
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::collections::BTreeMap;
 use std::thread;
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant};
 
-use serde_json::Value;
-
-use crate::harness::{CONVERGE_WITHIN, Client, Cluster, string_field, wait_until};
+use crate::configs::{
+    CONFIGS_SETTLE_WITHIN, Config, SETTLE_PROBE_EVERY, config, settled_config, shard_of,
+    wait_configs_match_target,
+};
+use crate::harness::{CONVERGE_WITHIN, Client, Cluster, wait_until};
+use crate::workload::{
+    History, OP_TIMEOUT, Outcome, RECOVER_WITHIN, Rng, Workload, assert_every_key_acknowledged,
+    check_histories, finish, kv, write_loop,
+};
 
 /// How many shards the clusters here have.
 const SHARDS: u16 = 16;
 /// The daemon flags of every node here.
 const FLAGS: &[&str] = &["--shards", "16"];
-/// `--timeout` of a put or get in the workloads, in seconds.
-const OP_TIMEOUT: &str = "5";
-/// How long the replica sets may take to reach placement's targets (learners added, caught up
-/// and promoted, old voters removed).
-const CONFIGS_SETTLE_WITHIN: Duration = Duration::from_secs(60);
-/// How often [`wait_configs_match_target`] starts a probe.
-const SETTLE_PROBE_EVERY: Duration = Duration::from_millis(500);
-/// How long the cluster may take to make progress again after a fault.
-const RECOVER_WITHIN: Duration = Duration::from_secs(30);
 /// Concurrent writers in the workloads; each owns [`KEYS_PER_WRITER`] keys.
 const WRITERS: usize = 3;
 /// Keys each writer owns and writes in turn.
 const KEYS_PER_WRITER: usize = 2;
-
-/// What one `put`/`get`/`del` came to.
-#[derive(Debug, Clone, PartialEq, Eq)]
-enum Outcome {
-    /// Acknowledged; for a get, the value (`None` for `(nil)`).
-    Ok(Option<String>),
-    /// `unavailable: ...`: never appended.
-    Unavailable(String),
-    /// `refused: ...`: nothing changed.
-    Refused(String),
-    /// Anything else (`indeterminate`, a node that could not be reached, a hung CLI): a write
-    /// may or may not have been applied.
-    Unknown(String),
-}
-
-impl Outcome {
-    /// Whether a write with this outcome may have been applied.
-    fn maybe_applied(&self) -> bool {
-        matches!(self, Outcome::Ok(_) | Outcome::Unknown(_))
-    }
-}
-
-/// Runs `node ARGS --timeout TIMEOUT -o json` against node `index` and classifies the answer.
-fn kv(client: &Client, index: usize, args: &[&str], timeout: &str) -> Outcome {
-    let mut full = args.to_vec();
-    full.extend_from_slice(&["--timeout", timeout]);
-    let output = match client.cli(index, &full, "json") {
-        Ok(output) => output,
-        Err(error) => return Outcome::Unknown(error),
-    };
-    let answer: Value = match serde_json::from_str(&output.stdout) {
-        Ok(answer) => answer,
-        Err(_) => {
-            return Outcome::Unknown(format!(
-                "exit {}, stdout {:?}, stderr {:?}",
-                output.status,
-                output.stdout.trim(),
-                output.stderr.trim()
-            ));
-        }
-    };
-    match (answer["ok"].as_bool(), output.status.success()) {
-        (Some(true), true) => Outcome::Ok(answer["value"].as_str().map(str::to_owned)),
-        (Some(false), false) => {
-            let error = answer["error"].as_str().unwrap_or_default().to_owned();
-            if error.starts_with("unavailable:") {
-                Outcome::Unavailable(error)
-            } else if error.starts_with("refused:") {
-                Outcome::Refused(error)
-            } else {
-                Outcome::Unknown(error)
-            }
-        }
-        _ => Outcome::Unknown(format!("exit {} with {answer}", output.status)),
-    }
-}
-
-/// A tiny xorshift generator: which node a writer asks next. Seeded from the clock, and the
-/// seed is printed, so a failing schedule can be told apart (not replayed: the faults are
-/// real).
-#[derive(Debug)]
-struct Rng(u64);
-
-impl Rng {
-    fn new(stream: u64) -> Rng {
-        let nanos = SystemTime::now()
-            .duration_since(UNIX_EPOCH)
-            .map_or(0, |elapsed| u64::from(elapsed.subsec_nanos()));
-        Rng((nanos ^ stream.wrapping_mul(0x9E37_79B9_7F4A_7C15)) | 1)
-    }
-
-    fn below(&mut self, bound: usize) -> usize {
-        self.0 ^= self.0 << 13;
-        self.0 ^= self.0 >> 7;
-        self.0 ^= self.0 << 17;
-        usize::try_from(self.0 % u64::try_from(bound).expect("a small bound"))
-            .expect("below a usize bound")
-    }
-}
-
-/// Every write one writer attempted on one key, in order.
-#[derive(Debug, Clone)]
-struct History {
-    key: String,
-    attempts: Vec<(String, Outcome)>,
-}
-
-impl History {
-    /// The values the key may hold now: the last acknowledged value (or nothing, if none was)
-    /// and every value attempted after it that may have been applied.
-    fn allowed(&self) -> BTreeSet<Option<String>> {
-        let last_ack = self
-            .attempts
-            .iter()
-            .rposition(|(_, outcome)| matches!(outcome, Outcome::Ok(_)));
-        let mut allowed = BTreeSet::new();
-        let after = match last_ack {
-            Some(position) => {
-                allowed.insert(Some(self.attempts[position].0.clone()));
-                position + 1
-            }
-            None => {
-                allowed.insert(None);
-                0
-            }
-        };
-        for (value, outcome) in &self.attempts[after..] {
-            if outcome.maybe_applied() {
-                allowed.insert(Some(value.clone()));
-            }
-        }
-        allowed
-    }
-
-    fn count(&self, which: fn(&Outcome) -> bool) -> usize {
-        self.attempts
-            .iter()
-            .filter(|(_, outcome)| which(outcome))
-            .count()
-    }
-}
-
-/// Which nodes the writers may ask: the test clears a node's flag before killing it and sets
-/// it again once it answers.
-#[derive(Debug)]
-struct Up(Vec<AtomicBool>);
-
-impl Up {
-    fn all(count: usize) -> Up {
-        Up((0..count).map(|_| AtomicBool::new(true)).collect())
-    }
-
-    fn set(&self, index: usize, up: bool) {
-        self.0[index].store(up, Ordering::SeqCst);
-    }
-
-    /// A random node that is up (node 0 if none is).
-    fn pick(&self, rng: &mut Rng) -> usize {
-        let up: Vec<usize> = (0..self.0.len())
-            .filter(|&index| self.0[index].load(Ordering::SeqCst))
-            .collect();
-        if up.is_empty() {
-            0
-        } else {
-            up[rng.below(up.len())]
-        }
-    }
-}
-
-/// Shared state of a workload: when to stop, how many writes were acknowledged so far.
-#[derive(Debug)]
-struct Workload {
-    stop: AtomicBool,
-    acked: AtomicUsize,
-    up: Up,
-}
-
-impl Workload {
-    fn new(nodes: usize) -> Workload {
-        Workload {
-            stop: AtomicBool::new(false),
-            acked: AtomicUsize::new(0),
-            up: Up::all(nodes),
-        }
-    }
-
-    /// Waits until `more` writes beyond those acknowledged now are acknowledged.
-    fn wait_progress(&self, more: usize, within: Duration, what: &str) {
-        let from = self.acked.load(Ordering::SeqCst);
-        wait_until(within, what, || {
-            let now = self.acked.load(Ordering::SeqCst);
-            if now >= from + more {
-                Ok(())
-            } else {
-                Err(format!("{} acknowledged since", now - from))
-            }
-        });
-    }
-}
 
 /// The key writer `writer` owns as its `slot`th.
 fn writer_key(writer: usize, slot: usize) -> String {
@@ -226,211 +40,12 @@ fn writer_key(writer: usize, slot: usize) -> String {
 /// that is up, until told to stop; returns the histories of its keys.
 fn writer(client: &Client, writer: usize, workload: &Workload) -> Vec<History> {
     let mut rng = Rng::new(writer as u64 + 1);
-    let mut histories: Vec<History> = (0..KEYS_PER_WRITER)
-        .map(|slot| History {
-            key: writer_key(writer, slot),
-            attempts: Vec::new(),
-        })
+    let keys: Vec<String> = (0..KEYS_PER_WRITER)
+        .map(|slot| writer_key(writer, slot))
         .collect();
-    let mut turn = 0;
-    while !workload.stop.load(Ordering::SeqCst) {
-        let history = &mut histories[turn % KEYS_PER_WRITER];
-        let value = format!("{}=v{}", history.key, history.attempts.len() + 1);
-        let node = workload.up.pick(&mut rng);
-        let outcome = kv(client, node, &["put", &history.key, &value], OP_TIMEOUT);
-        if matches!(outcome, Outcome::Ok(_)) {
-            workload.acked.fetch_add(1, Ordering::SeqCst);
-        }
-        history.attempts.push((value, outcome));
-        turn += 1;
-    }
-    histories
-}
-
-/// Stops the writers, collects their histories, and re-raises a panic of the fault thread.
-fn finish(
-    workload: &Workload,
-    writers: Vec<thread::ScopedJoinHandle<'_, Vec<History>>>,
-    faults: thread::Result<()>,
-) -> Vec<History> {
-    workload.stop.store(true, Ordering::SeqCst);
-    let histories = writers
-        .into_iter()
-        .flat_map(|writer| writer.join().expect("a writer"))
-        .collect();
-    if let Err(panic) = faults {
-        std::panic::resume_unwind(panic);
-    }
-    histories
-}
-
-/// Every key got at least one acknowledged write (so the history check has teeth).
-fn assert_every_key_acknowledged(histories: &[History]) {
-    assert!(
-        histories
-            .iter()
-            .all(|history| history.count(|outcome| matches!(outcome, Outcome::Ok(_))) > 0),
-        "every key had an acknowledged write: {histories:?}"
-    );
-}
-
-/// Reads every key of `histories` through rotating nodes of `client` (retrying failed reads,
-/// which are safe to retry) and checks each against [`History::allowed`].
-fn check_histories(client: &Client, histories: &[History]) {
-    let mut violations = Vec::new();
-    for (number, history) in histories.iter().enumerate() {
-        let node = number % client.len();
-        let what = format!("`get {}` answers", history.key);
-        let read = wait_until(RECOVER_WITHIN, &what, || {
-            match kv(client, node, &["get", &history.key], OP_TIMEOUT) {
-                Outcome::Ok(value) => Ok(value),
-                other => Err(format!("{other:?}")),
-            }
-        });
-        let allowed = history.allowed();
-        eprintln!(
-            "{}: {} attempts, {} acknowledged, {} unavailable, {} unknown; read {read:?}",
-            history.key,
-            history.attempts.len(),
-            history.count(|outcome| matches!(outcome, Outcome::Ok(_))),
-            history.count(|outcome| matches!(outcome, Outcome::Unavailable(_))),
-            history.count(|outcome| matches!(outcome, Outcome::Unknown(_))),
-        );
-        if !allowed.contains(&read) {
-            violations.push(format!(
-                "{} reads {read:?}, allowed {allowed:?}; history {:?}",
-                history.key, history.attempts
-            ));
-        }
-    }
-    assert!(
-        violations.is_empty(),
-        "lost or invented writes: {violations:#?}"
-    );
-}
-
-/// The index of the node called `id`.
-fn index_of(cluster: &Cluster, id: &str) -> usize {
-    cluster
-        .nodes()
-        .iter()
-        .position(|node| node.id == id)
-        .unwrap_or_else(|| panic!("no node {id}"))
-}
-
-/// A shard's actual config as one of its replicas sees it.
-#[derive(Debug, Clone, PartialEq, Eq)]
-struct Config {
-    /// Its leader hint.
-    leader: Option<String>,
-    /// Voters (roles `leader` and `follower`), sorted.
-    voters: Vec<String>,
-    /// Learners, sorted.
-    learners: Vec<String>,
-    /// What placement wants, in placement order.
-    target: Vec<String>,
-}
-
-/// `shard-info SHARD` of node `index`, parsed.
-fn config(cluster: &Cluster, index: usize, shard: u16) -> Result<Config, String> {
-    let answer = cluster.try_query(index, &["shard-info", &shard.to_string()])?;
-    let leader = match &answer["leader"] {
-        Value::Null => None,
-        leader => Some(string_field(leader, "id")?),
-    };
-    let mut voters = Vec::new();
-    let mut learners = Vec::new();
-    for replica in answer["replicas"]
-        .as_array()
-        .ok_or_else(|| format!("no `replicas` in {answer}"))?
-    {
-        let id = string_field(replica, "id")?;
-        match string_field(replica, "role")?.as_str() {
-            "leader" | "follower" => voters.push(id),
-            "learner" => learners.push(id),
-            role => return Err(format!("unknown role {role} in {answer}")),
-        }
-    }
-    voters.sort();
-    learners.sort();
-    let target = answer["target"]
-        .as_array()
-        .ok_or_else(|| format!("no `target` in {answer}"))?
-        .iter()
-        .map(|id| id.as_str().map(str::to_owned).ok_or(format!("{answer}")))
-        .collect::<Result<Vec<_>, String>>()?;
-    Ok(Config {
-        leader,
-        voters,
-        learners,
-        target,
+    write_loop(client, &keys, workload, OP_TIMEOUT, || {
+        workload.up.pick(&mut rng)
     })
-}
-
-/// Shard `shard`'s config, as its leader sees it, if each member of the target placement
-/// wants (as node `asker` sees it) reports exactly that target as the voters, no learners and
-/// the same target, and one of them reports itself as the leader; else what differs. (The
-/// followers' leader hints are not compared: they lag a leader change.)
-fn settled_config(cluster: &Cluster, asker: usize, shard: u16) -> Result<Config, String> {
-    let target = config(cluster, asker, shard)?.target;
-    let mut wanted = target.clone();
-    wanted.sort();
-    let mut leader = None;
-    for id in &target {
-        let here = config(cluster, index_of(cluster, id), shard)?;
-        if here.voters != wanted || !here.learners.is_empty() || here.target != target {
-            return Err(format!("shard {shard}: {id} reports {here:?}"));
-        }
-        if here.leader.as_ref() == Some(id) {
-            leader = Some(here);
-        }
-    }
-    leader.ok_or(format!(
-        "shard {shard}: no member of {target:?} says it leads"
-    ))
-}
-
-/// Waits until every shard's config is settled ([`settled_config`], asked through the first
-/// running node) and returns them, by shard.
-///
-/// Each probe of a shard runs up to four CLI processes, which compete with the nodes for the
-/// two cores; so a shard found settled is not asked again until all are, then all are checked
-/// once more, and probes start at most every [`SETTLE_PROBE_EVERY`].
-fn wait_configs_match_target(cluster: &Cluster, within: Duration) -> Vec<Config> {
-    let asker = cluster.running()[0];
-    let mut settled: BTreeMap<u16, Config> = BTreeMap::new();
-    let mut last_probe: Option<Instant> = None;
-    wait_until(within, "every shard's voters are its target", || {
-        if let Some(last) = last_probe {
-            thread::sleep(SETTLE_PROBE_EVERY.saturating_sub(last.elapsed()));
-        }
-        last_probe = Some(Instant::now());
-        for shard in 0..SHARDS {
-            if let std::collections::btree_map::Entry::Vacant(entry) = settled.entry(shard) {
-                entry.insert(settled_config(cluster, asker, shard)?);
-            }
-        }
-        let mut configs = Vec::new();
-        for shard in 0..SHARDS {
-            match settled_config(cluster, asker, shard) {
-                Ok(config) => configs.push(config),
-                Err(error) => {
-                    settled.remove(&shard);
-                    return Err(format!("again: {error}"));
-                }
-            }
-        }
-        Ok(configs)
-    })
-}
-
-/// `shard-for KEY` from node `index`: the key's shard.
-fn shard_of(cluster: &Cluster, index: usize, key: &str) -> u16 {
-    let answer = cluster.query(index, &["shard-for", key]);
-    answer["shard"]
-        .as_u64()
-        .and_then(|shard| u16::try_from(shard).ok())
-        .unwrap_or_else(|| panic!("no shard in {answer}"))
 }
 
 /// `put`, `get` and `del` through every node, in table and JSON form; a key over 1 KiB is
@@ -438,7 +53,7 @@ fn shard_of(cluster: &Cluster, index: usize, key: &str) -> u16 {
 #[test]
 fn put_get_del_through_any_node() {
     let cluster = Cluster::launch_with("kv-basic", 3, FLAGS);
-    wait_configs_match_target(&cluster, CONFIGS_SETTLE_WITHIN);
+    wait_configs_match_target(&cluster, SHARDS, CONFIGS_SETTLE_WITHIN);
     let client = cluster.client();
     let nodes = cluster.running();
 
@@ -569,7 +184,7 @@ fn put_get_del_through_any_node() {
 fn acknowledged_writes_survive_leader_kills() {
     const KILLS: usize = 4;
     let mut cluster = Cluster::launch_with("kv-leader-kills", 3, FLAGS);
-    wait_configs_match_target(&cluster, CONFIGS_SETTLE_WITHIN);
+    wait_configs_match_target(&cluster, SHARDS, CONFIGS_SETTLE_WITHIN);
     let client = cluster.client();
     let workload = Workload::new(client.len());
 
@@ -590,7 +205,7 @@ fn acknowledged_writes_survive_leader_kills() {
                 let leader = wait_until(RECOVER_WITHIN, &what, || {
                     let asker = cluster.running()[0];
                     let hint = config(&cluster, asker, shard)?.leader;
-                    let Some(index) = hint.as_ref().map(|id| index_of(&cluster, id)) else {
+                    let Some(index) = hint.as_ref().map(|id| cluster.index_of(id)) else {
                         return Err(format!("{} names no leader", cluster.node(asker).id));
                     };
                     if !cluster.node(index).is_running() {
@@ -624,7 +239,7 @@ fn acknowledged_writes_survive_leader_kills() {
                 );
             }
         }));
-        finish(&workload, writers, faults)
+        finish(&[&workload], writers, faults)
     });
     assert_every_key_acknowledged(&histories);
     check_histories(&client, &histories);
@@ -636,7 +251,7 @@ fn acknowledged_writes_survive_leader_kills() {
 fn whole_cluster_kill9_and_restart_loses_nothing() {
     const KEYS: usize = 24;
     let mut cluster = Cluster::launch_with("kv-restart-all", 3, FLAGS);
-    wait_configs_match_target(&cluster, CONFIGS_SETTLE_WITHIN);
+    wait_configs_match_target(&cluster, SHARDS, CONFIGS_SETTLE_WITHIN);
     let client = cluster.client();
     let mut written = BTreeMap::new();
     for number in 0..KEYS {
@@ -758,12 +373,12 @@ fn two_of_three_replicas_stopped_make_only_that_shard_unavailable() {
             ))
         });
     let leader_id = stopped_config.leader.clone().expect("a leader");
-    let leader = index_of(&cluster, &leader_id);
+    let leader = cluster.index_of(&leader_id);
     let stopped: Vec<usize> = stopped_config
         .voters
         .iter()
         .filter(|id| **id != leader_id)
-        .map(|id| index_of(&cluster, id))
+        .map(|id| cluster.index_of(id))
         .collect();
     assert_eq!(stopped.len(), 2, "shard {shard}: {stopped_config:?}");
     let stopped_ids: Vec<String> = stopped
@@ -872,7 +487,7 @@ fn two_of_three_replicas_stopped_make_only_that_shard_unavailable() {
 #[test]
 fn a_fourth_node_joins_during_writes() {
     let mut cluster = Cluster::launch_with("kv-join", 3, FLAGS);
-    wait_configs_match_target(&cluster, CONFIGS_SETTLE_WITHIN);
+    wait_configs_match_target(&cluster, SHARDS, CONFIGS_SETTLE_WITHIN);
     let client = cluster.client();
     let workload = Workload::new(client.len());
 
@@ -889,7 +504,7 @@ fn a_fourth_node_joins_during_writes() {
             cluster.start_joining(joiner, 0);
             cluster.wait_answering(joiner);
             cluster.wait_converged(CONVERGE_WITHIN);
-            let configs = wait_configs_match_target(&cluster, CONFIGS_SETTLE_WITHIN);
+            let configs = wait_configs_match_target(&cluster, SHARDS, CONFIGS_SETTLE_WITHIN);
             let joined = configs
                 .iter()
                 .filter(|config| config.voters.iter().any(|id| id == "n3"))
@@ -898,7 +513,7 @@ fn a_fourth_node_joins_during_writes() {
             assert!(joined > 0, "n3 is in no shard's target: {configs:?}");
             workload.wait_progress(WRITERS, RECOVER_WITHIN, "writes after the join");
         }));
-        finish(&workload, writers, join)
+        finish(&[&workload], writers, join)
     });
     assert_every_key_acknowledged(&histories);
     // Read through all four nodes, the joiner included.
@@ -911,5 +526,5 @@ fn a_fourth_node_joins_during_writes() {
 #[test]
 fn five_nodes_settle_every_shard_to_its_target() {
     let cluster = Cluster::launch_with("kv-settle", 5, FLAGS);
-    wait_configs_match_target(&cluster, CONFIGS_SETTLE_WITHIN);
+    wait_configs_match_target(&cluster, SHARDS, CONFIGS_SETTLE_WITHIN);
 }

@@ -1,5 +1,6 @@
 //! Multi-process tests: real `node` binaries on loopback, real QUIC with mutual TLS, real
-//! `kill -9`, SIGTERM and SIGSTOP.
+//! `kill -9`, SIGTERM and SIGSTOP, and network partitions made with nftables inside a network
+//! namespace of the test's own ([`netns`]).
 //!
 //! Every test starts its own cluster on free ports in its own temporary directory (see
 //! [`harness`]) and talks to it only through the `node` command-line client, as an operator
@@ -11,11 +12,15 @@
 //! tests do) nor SWIM timing under loss (the simulator does); they check that the real processes
 //! agree with the libraries and with `docs/operator.md`.
 
+mod configs;
 mod convergence;
 mod failures;
 mod harness;
 mod kv;
+mod netns;
+mod partition;
 mod refusals;
+mod workload;
 
 use shardtable::{Placer, ShardId, ShardTable, TableSpec};
 use topology::{NodeId, TokenRing, VnodeCount};

@@ -1387,8 +1387,12 @@ impl ShardReplica {
             (prev, entries)
         };
         if self.durable.pos_at(prev.index) != Some(prev.clone()) {
+            // The logs agree at most up to `prev - 1`: hint that, not just the last index.
+            // Pipelined `Append`s move the leader's `next` past the follower's last again
+            // before this nack arrives, so a last entry that conflicts (a deposed leader's
+            // unreplicated suffix) would be probed forever.
             let reason = NackReason::Conflict {
-                last: self.durable.last().index,
+                last: self.durable.last().index.min(prev.index.saturating_sub(1)),
             };
             self.send(from, Message::AppendNack { b, reason }, true);
             return;

@@ -155,9 +155,10 @@ pub enum RejectReason {
 pub enum NackReason {
     /// It promised a higher ballot.
     Higher(Ballot),
-    /// It does not hold `prev`; its last index is the hint.
+    /// It does not hold `prev`; the hint is the highest index where its log may still agree.
     Conflict {
-        /// The follower's last index.
+        /// The follower's last index, or `prev - 1` if that is lower (it holds another entry
+        /// at `prev`).
         last: u64,
     },
 }

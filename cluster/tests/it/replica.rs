@@ -131,6 +131,12 @@ impl Group {
         self.replicas[i] = None;
     }
 
+    /// Drops every message replica `i` sent that is still in flight (cut off before they left).
+    pub(crate) fn lose_messages_from(&mut self, i: usize) {
+        let node = member(i).node;
+        self.flights.retain(|(from, _)| from.node != node);
+    }
+
     pub(crate) fn restart(&mut self, i: usize) {
         self.replicas[i] = Some(ShardReplica::new(
             self.now,
@@ -773,4 +779,45 @@ fn a_promise_carries_no_suffix_for_a_candidate_behind_the_base() {
     let suffix = suffix_for(2, base).expect("held");
     assert_eq!(suffix.first().map(|e| e.index), Some(base + 1));
     assert_eq!(suffix.len() as u64, durable(&group, 1).last().index - base);
+}
+
+/// A deposed leader comes back with entries it appended but never replicated, at indexes where
+/// the new leader's log holds other entries (a leader cut off from its peers, as in the
+/// multi-process partition test): the new leader must find where their logs agree and replace
+/// the conflicting suffix. A `Conflict` nack used to hint only the follower's last index, and
+/// the leader's pipelined `next` had jumped past it again by the time the nack arrived, so the
+/// probe never went below that last, conflicting entry: the same `Append` and `AppendNack`
+/// forever, and the follower never caught up.
+#[test]
+fn a_deposed_leaders_unreplicated_suffix_is_replaced() {
+    for seed in seeds(20) {
+        let mut group = Group::new(3, seed);
+        group.run(Duration::from_secs(1));
+        let first = group.leader().expect("a leader within a second");
+        let acked = write_keys(&mut group, first, 0..10);
+        assert_eq!(acked.len(), 10, "seed {seed}");
+        // Appended (and persisted) by the old leader alone: its messages never leave.
+        for key in 100..103 {
+            group.client(first, tag(key), put(key));
+        }
+        group.lose_messages_from(first);
+        group.crash(first);
+        group.run(Duration::from_secs(2));
+        let second = group.leader().expect("a new leader");
+        assert_ne!(second, first, "seed {seed}");
+        let more = write_keys(&mut group, second, 200..210);
+        assert_eq!(more.len(), 10, "seed {seed}");
+        group.restart(first);
+        group.run(Duration::from_secs(2));
+        let leader_kv = &durable(&group, second).kv;
+        assert!(
+            !leader_kv.contains_key(b"k100".as_slice()),
+            "an unreplicated write was applied; seed {seed}"
+        );
+        assert_eq!(
+            &durable(&group, first).kv,
+            leader_kv,
+            "the deposed leader caught up; seed {seed}"
+        );
+    }
 }
