@@ -26,9 +26,16 @@
 //! - Config2015, hand-built (Ongaro's single-server change bug): voters `n0..n3` committed
 //!   `EpochStart(1.n0)`; `n0` appended `Config(n0..n4)` that only `n0` and `n4` hold; `n1`
 //!   gets the target `[n1, n2, n3]`. No clients, no crashes.
+//! - Figure8, hand-built (Raft's Figure 8; `actor::figure_8` says how the real protocol
+//!   reaches each disk): 3 voters hold `EpochStart(1.n0)` at 1, committed; `n0` holds a
+//!   write `X` of ballot `1.n0` at index 2 that no other replica has; `n2`, which won `1.n2`
+//!   with `n1`'s promise, holds its conflicting `EpochStart(1.n2)` at 2 alone. One entry
+//!   per `Append` (with whole-suffix `Append`s an acknowledgement of `X` always covers the new
+//!   leader's `EpochStart` too). No clients; ballots `n ≤ 2` and no crash in the exhaustive
+//!   run (the walks: `n ≤ 3`, one crash-restart).
 //!
 //! Bounds: ballots `n ≤ 3`, logs `≤ 4` entries, `≤ 2` configs per log, heartbeat rounds `≤ 3`,
-//! one crash-restart, one wipe (M4).
+//! one crash-restart, one wipe (M4); Figure8 as said above.
 //!
 //! The network is unordered and never duplicates. It is not lossy: for safety a lost message
 //! is the same as one never delivered (any message may stay in flight forever), and
@@ -38,7 +45,8 @@
 //! dozen messages in flight in any order). So each model is checked twice:
 //! - exhaustively up to a depth (every behaviour of at most `DEPTH - 2` steps; stateright
 //!   generates, but never checks, the last level), within [`MAX_STATES`] states: M1 to depth
-//!   11, M2–M4 to 10, Config2015 to 8 (see BENCHMARKS.md for counts and times);
+//!   11, M2–M4 to 10, Config2015 to 8, Figure8 to 12 (see BENCHMARKS.md for counts and
+//!   times);
 //! - by seeded random walks 40 to 100 steps deep (stateright's simulation checker), weighted
 //!   towards delivering messages, which must reach every `Sometimes` property too. A walk
 //!   crashes a replica with the `Restart` timer (down and up again in one step): stateright
@@ -46,9 +54,11 @@
 //!   receiving nothing and firing no timer, is one the model already allows to be up and idle.
 //!
 //! The mutation tests (one per row of PROTOCOL.md's table) walk until the checker reports the
-//! expected violation. `SLOTRING_MODEL_EXTENDED=1` walks ten times longer (M1 also with ballots
-//! up to 4); `SLOTRING_MODEL_DEPTH=N` changes the exhaustive depth (M1 at 12: ~5 M states,
-//! ~20 GB).
+//! expected violation, except Figure 8's: it searches its hand-built scenario exhaustively
+//! (breadth first, to depth 12: its counterexample is 10 steps long), which finds the
+//! violation whatever order the actions come in (~89 k states, a few seconds).
+//! `SLOTRING_MODEL_EXTENDED=1` walks ten times longer (M1 also with ballots up to 4);
+//! `SLOTRING_MODEL_DEPTH=N` changes the exhaustive depth (M1 at 12: ~5 M states, ~20 GB).
 //!
 //! Run: `cargo test -p cluster --test it model -- --test-threads=1 --nocapture`. A test that
 //! finds a violation prints it: each step up to the first violating state, the replicas and
@@ -84,6 +94,7 @@ const READ_AFTER_HANDOFF: &str = "a read after a handoff";
 const PROMOTED: &str = "a learner promoted";
 const TOMBSTONE: &str = "a tombstone written";
 const DUEL: &str = "two candidates at the same n";
+const OLD_ON_MAJORITY: &str = "an older ballot's entry on a majority under a newer leader";
 
 /// Every `Always` property.
 const ALWAYS: [&str; 9] = [
@@ -107,6 +118,7 @@ const M2_DEPTH: usize = 10;
 const M3_DEPTH: usize = 10;
 const M4_DEPTH: usize = 10;
 const CONFIG_2015_DEPTH: usize = 8;
+const FIGURE_8_DEPTH: usize = 12;
 
 /// The model tests run one at a time (each takes both cores and gigabytes).
 static ONE_AT_A_TIME: Mutex<()> = Mutex::new(());
@@ -181,6 +193,7 @@ fn sometimes(scenario: Scenario) -> &'static [&'static str] {
         Scenario::M3 => &[READ_AFTER_HANDOFF],
         Scenario::M4 => &[TOMBSTONE],
         Scenario::Config2015 => &[],
+        Scenario::Figure8 => &[OLD_ON_MAJORITY],
     }
 }
 
@@ -237,6 +250,7 @@ fn model(knobs: Knobs, clients: &[ClientPlan], crashes: Crashes) -> Model {
             PROMOTED => props::learner_promoted,
             TOMBSTONE => props::tombstone_written,
             DUEL => props::two_candidates_at_same_n,
+            OLD_ON_MAJORITY => props::old_entry_on_majority,
             other => unreachable!("no property {other}"),
         };
         model = model.property(Expectation::Sometimes, name, condition);
@@ -346,6 +360,7 @@ fn setup(test: &str) -> (Knobs, &'static [ClientPlan], Crashes) {
     let mut max_n = env("SLOTRING_MODEL_N", 3);
     let mut max_restarts = env("SLOTRING_MODEL_RESTARTS", 1);
     let mut deferred_fsync = false;
+    let walking = test.ends_with("/walk");
     match base {
         "model_m1_failover_is_safe" | "model_m1_random_walks_find_nothing" => {}
         "model_m2_reconfiguration_is_safe" => {
@@ -369,10 +384,24 @@ fn setup(test: &str) -> (Knobs, &'static [ClientPlan], Crashes) {
         }
         "model_catches_accept_equal_n" => mutations.accept_equal_n = true,
         "model_catches_compare_logs_by_length" => mutations.compare_logs_by_length = true,
+        // The exhaustive runs within the mutation's counterexample's bounds (`n ≤ 2`, no
+        // crash); the walks wider (`n ≤ 3`, one crash-restart).
+        "model_figure_8_is_safe" => {
+            scenario = Scenario::Figure8;
+            clients = &[];
+            max_append = 1;
+            if !walking {
+                max_n = env("SLOTRING_MODEL_N", 2);
+                max_restarts = 0;
+            }
+        }
         "model_catches_commit_old_ballot_entries" => {
             mutations.commit_old_ballot_entries = true;
+            scenario = Scenario::Figure8;
+            clients = &[];
             max_append = 1;
-            max_n = max_n.max(4);
+            max_n = env("SLOTRING_MODEL_N", 2);
+            max_restarts = 0;
         }
         "model_catches_read_without_round" => {
             mutations.read_without_round = true;
@@ -520,6 +549,16 @@ fn model_config_2015_is_safe() {
     check_safe("model_config_2015_is_safe", CONFIG_2015_DEPTH, 1_000_000);
 }
 
+/// The hand-built state of Raft's Figure 8, without the mutation: every behaviour of up to 10
+/// steps within the mutation test's bounds (`n ≤ 2`, no crash; the mutation's counterexample
+/// is one of them) is safe, and so are random walks with `n ≤ 3` and one crash-restart. Both
+/// reach the dangerous state: `X` of `1.n0` on a majority, uncommitted, under `n0` leading
+/// `2.n0`.
+#[test]
+fn model_figure_8_is_safe() {
+    check_safe("model_figure_8_is_safe", FIGURE_8_DEPTH, 1_000_000);
+}
+
 /// Random walks that deliver a message ten times as often as they fire a given timer, so
 /// that elections and crashes do not crowd out the message exchanges between them.
 #[derive(Clone)]
@@ -648,6 +687,55 @@ fn mutation_test(test: &str, states: usize, expected: &[&'static str]) {
     panic!("{test}: no violation of {expected:?} found with seeds 1 to {MUTATION_SEEDS}");
 }
 
+/// A mutation test by exhaustive search: explores every behaviour of `model_of(test)` of at
+/// most `depth - 2` steps, breadth first, until one of `expected` is violated, and prints the
+/// counterexample. Deterministic, unlike [`mutation_test`]'s walks: a violation within the
+/// depth is found whatever order the actions come in (the state count at which it is found
+/// varies a little with how the threads share the work).
+fn mutation_exhaustive(test: &str, depth: usize, expected: &[&'static str]) {
+    let _one = ONE_AT_A_TIME
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    let depth = env("SLOTRING_MODEL_DEPTH", depth);
+    let model = model_of(test);
+    let started = Instant::now();
+    let checker = model
+        .clone()
+        .checker()
+        .threads(threads())
+        .target_max_depth(depth)
+        .finish_when(HasDiscoveries::AnyOf(
+            expected.iter().copied().collect::<BTreeSet<_>>(),
+        ))
+        .spawn_bfs()
+        .join();
+    let found: Vec<&'static str> = expected
+        .iter()
+        .copied()
+        .filter(|p| checker.discovery(p).is_some())
+        .collect();
+    println!(
+        "{test} (depth {depth}): {} unique states ({} generated), {:.1?}; found: {found:?}",
+        checker.unique_state_count(),
+        checker.state_count(),
+        started.elapsed(),
+    );
+    let Some(first) = found.first() else {
+        panic!("{test}: no violation of {expected:?} within depth {depth}");
+    };
+    let path = checker.discovery(first).expect("found");
+    println!(
+        "counterexample for \"{first}\":\n{}replay: SLOTRING_MODEL_REPLAY='{test}={}'",
+        trace(&model, &path),
+        path.encode(&model)
+    );
+    assert!(
+        checker.unique_state_count() <= MAX_STATES,
+        "{test} outgrew its budget: {} states",
+        checker.unique_state_count()
+    );
+}
+
 /// How many seeds a mutation test tries.
 const MUTATION_SEEDS: u64 = 4;
 
@@ -707,21 +795,29 @@ fn model_catches_compare_logs_by_length() {
     );
 }
 
-/// R4 (Raft's Figure 8): committing an older ballot's entry by counting its replicas. Runs with
-/// `max_append = 1` and ballots up to `n = 4`. With whole-suffix `Append`s every
-/// acknowledgement to a new leader also covers its `EpochStart`, so an older entry never
-/// reaches a majority alone and the switch changes nothing. And three voters need four
-/// ballots: the entry's, the one that wrote the conflicting entry, the one that commits the
-/// old entry, and the one that overwrites it; within `n ≤ 3` the overwriting candidate cannot
-/// exist, because a deposed leader has seen `n = 3` and stands at 4.
+/// R4 (Raft's Figure 8): committing an older ballot's entry by counting its replicas, from the
+/// hand-built Figure8 state (`actor::figure_8`), searched exhaustively to depth 12 (every
+/// behaviour of up to 10 steps; ~89 k states, a few seconds). The shortest counterexample is
+/// 10 steps: `n0` stands at `2.n0`, `n1` promises, `n0` adopts its own log (with `X` of
+/// `1.n0` at 2), appends `EpochStart(2.n0)` at 3 and sends `X` alone; `n1` acknowledges index
+/// 2, and the mutated `n0` commits and applies `X` (on `n0` and `n1`: a majority, at an older
+/// ballot). Then `n2` stands at `2.n2`, `n1` promises (its `(1.n0, 2)` is behind `n2`'s
+/// `(1.n2, 2)`), `n2` adopts its own log and sends `Y = EpochStart(1.n2)` at 2, `n1` replaces
+/// `X` with it and acknowledges, and `n2` commits `Y` at index 2: "committed prefixes agree"
+/// fails (`n0` applied `X` there). Without the mutation, `n0` waits for `EpochStart(2.n0)` on
+/// `n1`, after which `n2` adopts `n1`'s log (`X` included) or `n1` refuses `n2`'s `Append`
+/// (`model_figure_8_is_safe`).
+///
+/// Why a hand-built state: the violation needs two ballots from each of two replicas, the
+/// first holding an entry the other never saw, and an `Append` carrying that entry without
+/// the new `EpochStart`. Seeded walks of M1 with one entry per `Append` and `n ≤ 4` found it at
+/// ~372 k states until a change of the `Append` message (its `idle` field, issue 5) reordered
+/// the model's actions, after which seeds 1-10 with 1-6 M states each did not.
 #[test]
-#[ignore = "regression under investigation: since `Append` gained its `idle` field (issue 5), \
-            which reorders the model's actions, seeded walks (seeds 1-10, 1-6 M states each) no \
-            longer reach this violation; it was found at 372 k states before. Run with --ignored."]
 fn model_catches_commit_old_ballot_entries() {
-    mutation_test(
+    mutation_exhaustive(
         "model_catches_commit_old_ballot_entries",
-        6_000_000,
+        FIGURE_8_DEPTH,
         &[COMMITTED, ACKED, LOG_MATCHING, LINEARIZABLE, ASSERTION],
     );
 }

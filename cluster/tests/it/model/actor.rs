@@ -66,13 +66,19 @@ pub(crate) enum Scenario {
     /// `n0..n3` committed `EpochStart(1.n0)`; `n0` then appended `Config(n0..n4)` that only
     /// `n0` and `n4` hold, and stepped down. `n1` gets the target `[n1, n2, n3]`.
     Config2015,
+    /// Raft's Figure 8, hand-built ([`figure_8`]): 3 voters; `n0` holds a write `X` of
+    /// ballot `1.n0` at index 2 that no other replica has, `n2` holds a conflicting
+    /// `EpochStart(1.n2)` at index 2, `n1` promised `1.n2` and holds neither. `n0` can lead
+    /// `2.n0` and put `X` on a majority (with `n1`), after which `n2` can win `2.n2` with
+    /// `n1`'s promise and overwrite `X`.
+    Figure8,
 }
 
 impl Scenario {
     /// How many replicas (actors `0..replicas`; clients follow, then the environment).
     pub(crate) fn replicas(self) -> usize {
         match self {
-            Scenario::M1 | Scenario::M3 | Scenario::M4 => 3,
+            Scenario::M1 | Scenario::M3 | Scenario::M4 | Scenario::Figure8 => 3,
             Scenario::M2 => 4,
             Scenario::Config2015 => 5,
         }
@@ -89,7 +95,7 @@ impl Scenario {
     /// The placement targets the environment sends: `(replica, target)`.
     pub(crate) fn targets(self) -> &'static [(usize, &'static [usize])] {
         match self {
-            Scenario::M1 => &[],
+            Scenario::M1 | Scenario::Figure8 => &[],
             Scenario::M2 => &[(0, &[1, 2, 3]), (1, &[1, 2, 3])],
             Scenario::M3 => &[(0, &[1, 0, 2]), (1, &[1, 0, 2])],
             Scenario::M4 => &[(0, &[0, 1])],
@@ -664,6 +670,7 @@ fn wiped(index: usize, knobs: Knobs, current: &ReplicaState) -> ReplicaState {
 pub(crate) fn initial(knobs: Knobs) -> Vec<ReplicaState> {
     match knobs.scenario {
         Scenario::Config2015 => config_2015(knobs),
+        Scenario::Figure8 => figure_8(knobs),
         _ => elected(knobs),
     }
 }
@@ -758,6 +765,91 @@ fn config_2015(knobs: Knobs) -> Vec<ReplicaState> {
             if i == 0 || i == 4 {
                 durable.log.push(change.clone());
             }
+            let replica = start(i, member(i), durable.clone(), knobs);
+            ReplicaState::new(replica, Arc::new(durable), 0, 0)
+        })
+        .collect()
+}
+
+/// [`Scenario::Figure8`]'s hand-built disks (Raft's Figure 8, in this protocol's ballots);
+/// every replica restarts from its own. Each is a state the real protocol reaches with
+/// messages lost and every replica restarted afterwards (which forgets `highest_seen`,
+/// `commit` and roles):
+///
+/// 1. `n0` stands at `1.n0`; `n1` promises (the `Prepare` to `n2`, and everything else `n0`
+///    sends `n2`, is lost). `n0` appends `EpochStart(1.n0)` at 1, `n1` acknowledges it, it
+///    commits, and a heartbeat carries `commit = 1` to `n1`: both applied 1.
+/// 2. A client puts `k = a` through `n0`, which appends it at `2` in ballot `1.n0` (that is
+///    `X`); its `Append`s are lost, the client gets no answer. Disk of `n0`: promised `1.n0`,
+///    `[E(1.n0)@1, X@2]`, applied 1.
+/// 3. `n2` (whose view holds `n0` down) stands at `1 + max(promised 0, seen 0) = 1.n2`,
+///    above `1.n0`. `n1` promises: `1.n2 > 1.n0`, and `n2` is a voter of `n1`'s config, so
+///    R1.4 does not refuse it although `n1`'s log is more up-to-date. `L*` is `n1`'s log
+///    (`n2`'s is empty): `n2` adopts `E(1.n0)@1` (not knowing it committed) and appends
+///    `EpochStart(1.n2)` at 2 (that is `Y`); its `Append`s are lost. Disk of `n1`: promised
+///    `1.n2`, `[E(1.n0)@1]`, applied 1. Disk of `n2`: promised `1.n2`,
+///    `[E(1.n0)@1, Y@2]`, applied 0.
+///
+/// From here Figure 8 takes four ballots, two of each of the two owners, which this
+/// protocol's ballot order `(n, node)` fits into `n ≤ 2`: `n0` stands at `2.n0 > 1.n2`
+/// (from its promise `1.n0`), `n1` promises, `n0` adopts its own log (`(1.n0, 2)` beats
+/// `n1`'s `(1.n0, 1)`), appends `EpochStart(2.n0)` at 3 and sends `X` alone (one entry per
+/// `Append`); `n1` acknowledges index 2, so `X` is on a majority at an older ballot. Then
+/// `n2` stands at `2.n2 > 2.n0` (from its promise `1.n2`), `n1` promises (`(1.n0, 2)` is not
+/// more up-to-date than `n2`'s `(1.n2, 2)`), and `n2` adopts its own log and overwrites `X`
+/// on `n1` with `Y`. Counting `X`'s replicas commits it at `2.n0`; R4 waits for
+/// `EpochStart(2.n0)` on a majority, which `n1` then holds, so that `n2`'s candidacy adopts
+/// `n1`'s log (`(2.n0, 3)` beats `(1.n2, 2)`) or, if `n1` promised `2.n2` first, `n1` refuses
+/// the `Append`.
+fn figure_8(knobs: Knobs) -> Vec<ReplicaState> {
+    let scenario = knobs.scenario;
+    let b1 = Ballot {
+        n: 1,
+        node: name(0),
+    };
+    let b2 = Ballot {
+        n: 1,
+        node: name(2),
+    };
+    let epoch = Entry {
+        ballot: b1.clone(),
+        index: 1,
+        op: Op::EpochStart,
+        tag: None,
+    };
+    let x = Entry {
+        ballot: b1.clone(),
+        index: 2,
+        op: Op::Put {
+            key: KEY.to_vec(),
+            value: put_value(0),
+        },
+        // A client outside the model (this scenario runs none).
+        tag: Some(RequestTag {
+            client: 0,
+            req: 0,
+            attempt: 0,
+        }),
+    };
+    let y = Entry {
+        ballot: b2.clone(),
+        index: 2,
+        op: Op::EpochStart,
+        tag: None,
+    };
+    let disks = [
+        (b1, vec![epoch.clone(), x], 1),
+        (b2.clone(), vec![epoch.clone()], 1),
+        (b2, vec![epoch, y], 0),
+    ];
+    disks
+        .into_iter()
+        .enumerate()
+        .map(|(i, (promised, log, applied))| {
+            let mut durable = Durable::bootstrap(scenario.first_config());
+            durable.promised = Some(promised);
+            durable.log = log;
+            durable.applied = applied;
             let replica = start(i, member(i), durable.clone(), knobs);
             ReplicaState::new(replica, Arc::new(durable), 0, 0)
         })

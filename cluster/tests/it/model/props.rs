@@ -408,6 +408,29 @@ pub(crate) fn tombstone_written(_: &Model, state: &State) -> bool {
     disks(state).any(|disk| disk.tombstone.is_some())
 }
 
+/// Figure 8's dangerous step (Figure8): a leader holds, uncommitted, an entry of an older
+/// ballot that a majority of disks hold at its position. Counting its replicas would commit
+/// it; R4 waits for an entry of the leader's own ballot.
+pub(crate) fn old_entry_on_majority(model: &Model, state: &State) -> bool {
+    let majority = model.cfg.scenario.first_config().majority();
+    live(state).any(|leader| {
+        let Some(b) = leader.leading_ballot() else {
+            return false;
+        };
+        leader
+            .durable()
+            .log
+            .iter()
+            .filter(|entry| entry.ballot < *b && entry.index > leader.commit())
+            .any(|entry| {
+                disks(state)
+                    .filter(|disk| at(&disk.log, entry.index) == Some(entry))
+                    .count()
+                    >= majority
+            })
+    })
+}
+
 /// Two candidates stand at the same `n` at once (a duel).
 pub(crate) fn two_candidates_at_same_n(_: &Model, state: &State) -> bool {
     let mut seen = BTreeSet::new();
