@@ -9,6 +9,7 @@
 //! What it does not do (yet): leases, `(client, req)` deduplication, R6's write throttle when a
 //! learner never catches up, and giving up on a learner after `T_catchup`.
 
+mod bytes;
 mod host;
 mod types;
 
@@ -271,6 +272,7 @@ pub enum Change {
         /// The entry applied.
         index: u64,
         /// Its writes.
+        #[serde(with = "bytes::writes")]
         writes: Vec<(Vec<u8>, Option<Vec<u8>>)>,
     },
     /// Log compaction: drop the entries up to `base.pos.index` (all applied) and start the
@@ -285,6 +287,7 @@ pub enum Change {
         /// The snapshot's position and config.
         base: Base,
         /// The state at `base`.
+        #[serde(with = "bytes::map")]
         kv: BTreeMap<Vec<u8>, Vec<u8>>,
     },
 }

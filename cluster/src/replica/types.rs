@@ -71,13 +71,16 @@ pub enum Op {
     /// Set `key` to `value`.
     Put {
         /// The key.
+        #[serde(with = "super::bytes::vec")]
         key: Vec<u8>,
         /// The value.
+        #[serde(with = "super::bytes::vec")]
         value: Vec<u8>,
     },
     /// Remove `key`.
     Del {
         /// The key.
+        #[serde(with = "super::bytes::vec")]
         key: Vec<u8>,
     },
     /// A new leader's first entry; once committed, the leader is established.
@@ -261,6 +264,7 @@ pub enum Message {
         /// The chunk's number, from 0.
         seq: u64,
         /// Key-value pairs, in key order, after those of chunk `seq - 1`.
+        #[serde(with = "super::bytes::pairs")]
         pairs: Vec<(Vec<u8>, Vec<u8>)>,
         /// Whether this is the last chunk.
         last: bool,
@@ -337,18 +341,22 @@ pub enum ClientOp {
     /// Write `value` under `key`.
     Put {
         /// The key.
+        #[serde(with = "super::bytes::vec")]
         key: Vec<u8>,
         /// The value.
+        #[serde(with = "super::bytes::vec")]
         value: Vec<u8>,
     },
     /// Remove `key`.
     Del {
         /// The key.
+        #[serde(with = "super::bytes::vec")]
         key: Vec<u8>,
     },
     /// Read `key` (linearizable, through ReadIndex).
     Get {
         /// The key.
+        #[serde(with = "super::bytes::vec")]
         key: Vec<u8>,
     },
 }
@@ -360,6 +368,7 @@ pub enum ClientReply {
     /// Committed (writes) or read at a linearizable point (reads; `value` is the value).
     Ok {
         /// The value read, for `Get`.
+        #[serde(with = "super::bytes::option")]
         value: Option<Vec<u8>>,
     },
     /// Not the leader; try the hinted one.
