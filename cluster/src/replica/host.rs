@@ -357,7 +357,10 @@ impl ShardHost {
     fn queue(&mut self, after: Option<HostBatchId>, shard: u16, to: Member, message: Message) {
         let peer = to.node.clone();
         if self.is_durable(after) {
-            self.ready.entry(peer).or_default().push((shard, to, message));
+            self.ready
+                .entry(peer)
+                .or_default()
+                .push((shard, to, message));
         } else {
             self.waiting.push_back((after, peer, shard, to, message));
         }
