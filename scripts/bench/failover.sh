@@ -4,7 +4,8 @@
 #     leads), and picks up to 16 of those shards led by another node ("other shards");
 #   - starts two `node probe`s through a node that will survive (n0, or n1 when n0 is the
 #     victim): one writing a key of SHARD every 10 ms, one writing a key of each other shard
-#     every 50 ms, each write given 200 ms; waits until every key is being written;
+#     every 50 ms, each write given 200 ms; waits until every key is being written and no
+#     write has failed for 2 s (the previous round's restart moves shards back for a while);
 #   - SIGKILLs SHARD's leader with scripts/cluster.sh kill, taking t0 in unix ms right before the
 #     call (the signal lands a few ms later, inside that script: those ms count against us);
 #   - write_ms: t0 until the first acknowledged write to SHARD after its outage (the issue's
@@ -32,6 +33,8 @@ ROUNDS=${2:-5}
 SHARD=${3:-42}
 DEADLINE_SECONDS=30
 WATCH_MS=4000
+QUIET_MS=2000
+QUIET_SECONDS=90
 SCAN_SHARDS=32
 MAX_OTHERS=16
 CLUSTER=scripts/cluster.sh
@@ -159,6 +162,19 @@ start_probe() {
     PROBES+=($!)
 }
 
+# Whether no write in the probe outputs FILE... failed in the last QUIET_MS: every outage ended,
+# the last one at least QUIET_MS ago.
+quiet() {
+    cat "$@" | awk -v now="$(now_ms)" -v q="$QUIET_MS" '
+        /"event":"(failing|changed|recovered)"/ && match($0, /"at_ms":[0-9]+/) {
+            t = substr($0, RSTART + 8, RLENGTH - 8) + 0
+            if (t > last) last = t
+        }
+        /"event":"failing"/ { failing++ }
+        /"event":"recovered"/ { recovered++ }
+        END { exit !(failing == recovered && now - last >= q) }'
+}
+
 # The probe's lines of EVENT for shard S in FILE.
 events() { grep -F "\"event\":\"$2\"" "$1" | grep -F "\"shard\":$3," || true; }
 
@@ -222,7 +238,13 @@ for ((round = 1; round <= ROUNDS; round++)); do
             { echo "round $round: the probes never wrote every key:" >&2; cat "$main" "$rest" >&2; exit 1; }
         sleep 0.05
     done
-    sleep 0.5
+    started=$(now_ms)
+    until (($(now_ms) - started >= QUIET_MS)) && quiet "$main" "$rest"; do
+        (($(now_ms) - started < QUIET_SECONDS * 1000)) ||
+            { echo "round $round: writes kept failing for ${QUIET_SECONDS}s before the kill" >&2; exit 1; }
+        sleep 0.1
+    done
+    steady=$(($(now_ms) - started))
 
     killed=$(now_ms)
     "$CLUSTER" kill "$victim" >/dev/null
@@ -254,7 +276,8 @@ for ((round = 1; round <= ROUNDS; round++)); do
     down=$(swim_down "$victim" "$killed")
     [[ -z $down ]] || down=$((down - killed))
 
-    echo "round $round: killed n$victim (leader of shard $SHARD; SIGKILL sent within ${signalled} ms)," \
+    echo "round $round: after ${steady} ms of probing, killed n$victim (leader of shard $SHARD;" \
+        "SIGKILL sent within ${signalled} ms)," \
         "probes via n$seed: first acknowledged write at ${write} ms ($failed writes failed);" \
         "SWIM down at ${down:-?} ms; every survivor names the new leader at ${elect} ms; shard" \
         "$SHARD blocked again for ${again} ms; $hit of $((want - 1)) other shards blocked, longest" \
@@ -269,8 +292,6 @@ for ((round = 1; round <= ROUNDS; round++)); do
             { echo "round $round: n$victim not back within ${DEADLINE_SECONDS}s" >&2; exit 1; }
         sleep 0.2
     done
-    # Let the restarted node take its shards back before the next round.
-    sleep 2
 done
 
 # NAME and min / median / max over numeric values (others counted apart).
