@@ -17,10 +17,11 @@
 //! out again; a slow node's connection is kept, because closing it would fail every other
 //! request in flight on it. The surviving replicas keep naming a dead leader until they elect
 //! another, so while a node is silent the client does not send to it: it asks the shard's other
-//! replicas in turn (their addresses from the seed's `shard-info`), [`FAILOVER_POLL`] apart, and
-//! follows the first one that names a live leader or leads itself. Meanwhile a liveness check
-//! (a `shard-for` of the empty key) is kept going to the silent node in the background: a node
-//! that was only stalled is heard again as soon as it answers, one that is dead stays silent.
+//! replicas in turn (from the seed's `shard-info`: replicas and target), [`FAILOVER_POLL`]
+//! apart, and follows the first one that names a live leader or leads itself. Meanwhile a
+//! liveness check (a `shard-for` of the empty key) is kept going to the silent node in the
+//! background: a node that was only stalled is heard again as soon as it answers, one that is
+//! dead stays silent.
 //!
 //! Clones share one routing cache (node addresses, the last leader seen for each shard, and,
 //! once [`KvClient::learn_shard_count`] ran, the cluster's shard count, so a key's shard is
@@ -417,8 +418,10 @@ impl KvClient {
         }
     }
 
-    /// The addresses of `shard`'s replicas as the seed knows them (its replica's config when it
-    /// holds the shard, else placement's); none if it does not answer.
+    /// The addresses of `shard`'s replicas as the seed knows them: its replica's config when
+    /// it holds the shard, else placement's, and in either case placement's target too (a
+    /// node may hold a stale replica whose config names only itself); none if it does not
+    /// answer.
     async fn replicas(&self, shard: u16, deadline: Instant) -> Vec<SocketAddr> {
         let request = Request::ShardInfo {
             shard: u32::from(shard),
@@ -426,15 +429,24 @@ impl KvClient {
         let Ok(Response::ShardInfo(view)) = self.ask_seed(&request, deadline).await else {
             return Vec::new();
         };
-        let mut routes = self.routes();
-        view.replicas
-            .into_iter()
-            .filter_map(|replica| {
-                let addr = replica.node.addr?;
-                routes.addrs.insert(replica.node.id, addr);
-                Some(addr)
-            })
-            .collect()
+        let mut addrs = Vec::new();
+        for replica in view.replicas {
+            if let Some(addr) = replica.node.addr {
+                self.routes().addrs.insert(replica.node.id, addr);
+                addrs.push(addr);
+            }
+        }
+        for id in view.target {
+            let Ok(node) = NodeId::new(&id) else {
+                continue;
+            };
+            if let Some(addr) = self.resolve(&node, deadline).await
+                && !addrs.contains(&addr)
+            {
+                addrs.push(addr);
+            }
+        }
+        addrs
     }
 
     /// Where `node` listens, from the cache or the seed's membership list.

@@ -6,8 +6,13 @@
 #     victim): one writing a key of SHARD every 10 ms, one writing a key of each other shard
 #     every 50 ms, each write given 200 ms; waits until every key is being written and no
 #     write has failed for 2 s (the previous round's restart moves shards back for a while);
+#   - looks at the leaders again (a node that came back takes shards over for a few seconds):
+#     if SHARD's leader moved, the round starts over; other shards now led by the victim are
+#     left out of the round's figures;
 #   - SIGKILLs SHARD's leader with scripts/cluster.sh kill, taking t0 in unix ms right before the
-#     call (the signal lands a few ms later, inside that script: those ms count against us);
+#     call (the signal lands a few ms later, inside that script: those ms count against us); a
+#     round in which SHARD's writes never fail (its leader moved just before the kill) starts
+#     over too;
 #   - write_ms: t0 until the first acknowledged write to SHARD after its outage (the issue's
 #     measure);
 #   - down_ms: t0 until the first survivor logs the victim "member down" (SWIM);
@@ -214,7 +219,21 @@ blocked() {
         END { for (s in ms) if (ms[s] > 0) print s, ms[s] }' "$file"
 }
 
+# Restarts node VICTIM and waits until every node lists all members alive and SHARD's target
+# replicas agree on its leader.
+restart_victim() {
+    local started
+    "$CLUSTER" restart "$1" >/dev/null
+    started=$(now_ms)
+    until all_alive && settled; do
+        (($(now_ms) - started < DEADLINE_SECONDS * 1000)) ||
+            { echo "round $round: n$1 not back within ${DEADLINE_SECONDS}s" >&2; exit 1; }
+        sleep 0.2
+    done
+}
+
 DOWN=() ELECT=() WRITE=() AGAIN=() OTHER=() HIT=()
+retries=0
 for ((round = 1; round <= ROUNDS; round++)); do
     leaders=$(actual_leaders)
     victim=$(awk -v s="$SHARD" '$1 == s { print $2; exit }' <<<"$leaders")
@@ -246,6 +265,25 @@ for ((round = 1; round <= ROUNDS; round++)); do
     done
     steady=$(($(now_ms) - started))
 
+    # Leaders may have moved while probing (a node that joined or came back takes shards over
+    # for a few seconds): look again just before the kill. If SHARD's leader moved, the round
+    # starts over; other shards that the victim leads now are left out of its figures.
+    leaders=$(actual_leaders)
+    leader=$(awk -v s="$SHARD" '$1 == s { print $2; exit }' <<<"$leaders")
+    if [[ $leader != "$victim" ]]; then
+        stop_probes
+        ((++retries <= 5)) || { echo "round $round: shard $SHARD's leader keeps moving" >&2; exit 1; }
+        echo "round $round: shard $SHARD's leader moved from n$victim to n${leader:-?} while probing; again"
+        ((round--)) || true
+        continue
+    fi
+    excluded=$(awk -v v="$victim" -v list=",$others," '
+        { led[$1] = $2 }
+        END {
+            n = split(substr(list, 2, length(list) - 2), s, ",")
+            for (i = 1; i <= n; i++) if (!(s[i] in led) || led[s[i]] == v) printf "%s ", s[i]
+        }' <<<"$leaders")
+
     killed=$(now_ms)
     "$CLUSTER" kill "$victim" >/dev/null
     signalled=$(($(now_ms) - killed))
@@ -259,20 +297,35 @@ for ((round = 1; round <= ROUNDS; round++)); do
     done
     elect=$swept
 
+    no_outage=
     until [[ -n $(first_ack "$main" "$killed") ]]; do
+        if (($(now_ms) - killed > WATCH_MS)) && ! grep -q '"event":"failing"' "$main"; then
+            no_outage=1
+            break
+        fi
         (($(now_ms) - killed < DEADLINE_SECONDS * 1000)) ||
             { echo "round $round: no write to shard $SHARD acknowledged within ${DEADLINE_SECONDS}s" >&2; exit 1; }
         sleep 0.05
     done
     while (($(now_ms) - killed < WATCH_MS)); do sleep 0.1; done
     stop_probes
+    if [[ -n $no_outage ]]; then
+        # SHARD's leader moved between the last look and the kill.
+        ((++retries <= 5)) || { echo "round $round: shard $SHARD's leader keeps moving" >&2; exit 1; }
+        echo "round $round: writes to shard $SHARD never failed (its leader moved off n$victim just before the kill); again"
+        restart_victim "$victim"
+        ((round--)) || true
+        continue
+    fi
 
     read -r acked failed < <(first_ack "$main" "$killed")
     write=$((acked - killed))
     again=$(blocked "$main" "$killed" "$acked" "$SHARD" | awk '{ print $2 }')
     again=${again:-0}
-    read -r hit other < <(blocked "$rest" "$killed" 0 | awk '
+    read -r hit other < <(blocked "$rest" "$killed" 0 | awk -v skip=" $excluded" '
+        index(skip, " " $1 " ") { next }
         { n++; if ($2 > max) max = $2 } END { print n + 0, max + 0 }')
+    sampled=$(($(tr ',' '\n' <<<"$others" | wc -l) - $(wc -w <<<"$excluded")))
     down=$(swim_down "$victim" "$killed")
     [[ -z $down ]] || down=$((down - killed))
 
@@ -280,18 +333,13 @@ for ((round = 1; round <= ROUNDS; round++)); do
         "SIGKILL sent within ${signalled} ms)," \
         "probes via n$seed: first acknowledged write at ${write} ms ($failed writes failed);" \
         "SWIM down at ${down:-?} ms; every survivor names the new leader at ${elect} ms; shard" \
-        "$SHARD blocked again for ${again} ms; $hit of $((want - 1)) other shards blocked, longest" \
-        "${other} ms"
+        "$SHARD blocked again for ${again} ms; $hit of $sampled other shards blocked, longest" \
+        "${other} ms${excluded:+ (left out, now led by n$victim or no one: $excluded)}"
     DOWN+=("${down:-none}") ELECT+=("$elect") WRITE+=("$write") AGAIN+=("$again")
     OTHER+=("$other") HIT+=("$hit")
+    retries=0
 
-    "$CLUSTER" restart "$victim" >/dev/null
-    started=$(now_ms)
-    until all_alive && settled; do
-        (($(now_ms) - started < DEADLINE_SECONDS * 1000)) ||
-            { echo "round $round: n$victim not back within ${DEADLINE_SECONDS}s" >&2; exit 1; }
-        sleep 0.2
-    done
+    restart_victim "$victim"
 done
 
 # NAME and min / median / max over numeric values (others counted apart).

@@ -28,6 +28,8 @@ done
     echo "machine: $(nproc) cores, $(lscpu | sed -n 's/^Model name: *//p'), $(uname -sr)"
     echo "load before: $(uptime)"
     echo "== slotring ($(git rev-parse --short HEAD)$(git diff --quiet HEAD -- node cluster || echo ', modified'))"
+    # A fresh cluster each time: the figures depend on what the shards already hold.
+    scripts/cluster.sh down --purge >/dev/null
     scripts/bench/failover.sh 5 "$ROUNDS" 42
     scripts/cluster.sh down --purge >/dev/null
     echo "load between: $(uptime)"
