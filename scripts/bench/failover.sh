@@ -30,6 +30,9 @@
 # usage: scripts/bench/failover.sh [NODES=5] [ROUNDS=5] [SHARD=42]
 #        SLOTRING_NODE_BIN: the node binary (default $CARGO_TARGET_DIR/release/node)
 #        PROBE_VERBOSE=1: the probes also log every write (event "write")
+#        IDLE=1: nothing writes SHARD before the kill (its leader has gone idle: heartbeats every
+#        1 s, followers wait t_elect + 1 s or for SWIM); its probe starts right after the
+#        kill, as redis_failover.sh's write loop does
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 
@@ -38,6 +41,7 @@ ROUNDS=${2:-5}
 SHARD=${3:-42}
 DEADLINE_SECONDS=30
 WATCH_MS=4000
+IDLE=${IDLE:-}
 QUIET_MS=2000
 QUIET_SECONDS=90
 SCAN_SHARDS=32
@@ -184,13 +188,13 @@ quiet() {
 events() { grep -F "\"event\":\"$2\"" "$1" | grep -F "\"shard\":$3," || true; }
 
 # The unix ms of the first acknowledgement to SHARD in FILE after unix ms KILLED that ended an
-# outage, and how many writes failed in that outage.
+# outage (or, IDLE=1, was the probe's first), and how many writes failed before it.
 first_ack() {
-    events "$1" recovered "$SHARD" | awk -v k="$2" '
+    { events "$1" recovered "$SHARD"; events "$1" up "$SHARD"; } | awk -v k="$2" '
         match($0, /"at_ms":[0-9]+/) && substr($0, RSTART + 8, RLENGTH - 8) + 0 > k + 0 {
             at = substr($0, RSTART + 8, RLENGTH - 8)
-            match($0, /"failed":[0-9]+/)
-            print at, substr($0, RSTART + 9, RLENGTH - 9)
+            failed = match($0, /"failed":[0-9]+/) ? substr($0, RSTART + 9, RLENGTH - 9) : 0
+            print at, failed
             exit
         }'
 }
@@ -246,11 +250,12 @@ for ((round = 1; round <= ROUNDS; round++)); do
 
     main=.cluster/probe-r$round-shard$SHARD.jsonl
     rest=.cluster/probe-r$round-others.jsonl
-    start_probe "$main" 10 "$seed" --shard "$SHARD"
+    : >"$main"
+    [[ -n $IDLE ]] || start_probe "$main" 10 "$seed" --shard "$SHARD"
     args=(--shard "${others%%,*}")
     [[ $others == *,* ]] && args+=(--also-shard "${others#*,}")
     start_probe "$rest" 50 "$seed" "${args[@]}"
-    want=$((1 + $(tr ',' '\n' <<<"$others" | wc -l)))
+    want=$(($([[ -n $IDLE ]] && echo 0 || echo 1) + $(tr ',' '\n' <<<"$others" | wc -l)))
     started=$(now_ms)
     until (($(cat "$main" "$rest" | grep -c '"event":"up"' || true) == want)); do
         (($(now_ms) - started < DEADLINE_SECONDS * 1000)) ||
@@ -287,6 +292,7 @@ for ((round = 1; round <= ROUNDS; round++)); do
     killed=$(now_ms)
     "$CLUSTER" kill "$victim" >/dev/null
     signalled=$(($(now_ms) - killed))
+    [[ -z $IDLE ]] || start_probe "$main" 10 "$seed" --shard "$SHARD"
     while :; do
         count=$(moved "$victim")
         swept=$(($(now_ms) - killed))
@@ -299,7 +305,8 @@ for ((round = 1; round <= ROUNDS; round++)); do
 
     no_outage=
     until [[ -n $(first_ack "$main" "$killed") ]]; do
-        if (($(now_ms) - killed > WATCH_MS)) && ! grep -q '"event":"failing"' "$main"; then
+        if [[ -z $IDLE ]] && (($(now_ms) - killed > WATCH_MS)) &&
+            ! grep -q '"event":"failing"' "$main"; then
             no_outage=1
             break
         fi
@@ -355,10 +362,11 @@ summary() {
         }'
 }
 
-echo "summary over $ROUNDS rounds, $NODES nodes, shard $SHARD (ms from the kill):"
-summary "slotring write_ms (first acknowledged write to the shard)" "${WRITE[@]}"
-summary "slotring down_ms (first survivor's SWIM declares the victim down)" "${DOWN[@]}"
-summary "slotring elect_ms (every survivor names the new leader)" "${ELECT[@]}"
-summary "slotring again_ms (the shard blocked again after its first write)" "${AGAIN[@]}"
-summary "slotring other_ms (longest block of a sampled shard led by a survivor)" "${OTHER[@]}"
-summary "slotring other_hit (sampled shards led by survivors that were blocked at all)" "${HIT[@]}"
+echo "summary over $ROUNDS rounds, $NODES nodes, shard $SHARD (ms from the kill${IDLE:+; the shard idle}):"
+name=slotring${IDLE:+ idle}
+summary "$name write_ms (first acknowledged write to the shard)" "${WRITE[@]}"
+summary "$name down_ms (first survivor's SWIM declares the victim down)" "${DOWN[@]}"
+summary "$name elect_ms (every survivor names the new leader)" "${ELECT[@]}"
+summary "$name again_ms (the shard blocked again after its first write)" "${AGAIN[@]}"
+summary "$name other_ms (longest block of a sampled shard led by a survivor)" "${OTHER[@]}"
+summary "$name other_hit (sampled shards led by survivors that were blocked at all)" "${HIT[@]}"
