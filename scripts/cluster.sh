@@ -130,8 +130,9 @@ wait_ready() {
             die "n$index exited; its log is $DIR/n$index.log"
         }
         json=$(members_json "$index")
-        alive=$(grep -oE '"state"[[:space:]]*:[[:space:]]*"alive"' <<<"$json" | wc -l)
-        total=$(grep -oE '"state"[[:space:]]*:' <<<"$json" | wc -l)
+        # grep finds nothing while the node does not answer yet: not an error (pipefail).
+        alive=$({ grep -oE '"state"[[:space:]]*:[[:space:]]*"alive"' <<<"$json" || true; } | wc -l)
+        total=$({ grep -oE '"state"[[:space:]]*:' <<<"$json" || true; } | wc -l)
         [[ -z $want && -n $json ]] && return 0
         [[ -n $want ]] && ((alive == want && total == want)) && return 0
         ((SECONDS < deadline)) ||

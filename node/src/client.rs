@@ -12,6 +12,20 @@
 //! `indeterminate`) is *not* retried: it is reported as indeterminate, because it may yet
 //! commit. Reads are always safe to retry.
 //!
+//! After a leader dies: a node that did not answer is *silent* for [`SILENT_FOR`]: no connection
+//! could be made to it, or a request to it timed out and it has answered no request since that
+//! one was sent (a node that answers others is alive, only slow with this one, for instance
+//! holding a write during a leadership handoff). The connection to a node that timed out that
+//! way is closed, so the next request makes a new one and fails as "not sent" rather than timing
+//! out again; a slow node's connection is kept, because closing it would fail every other
+//! request in flight on it. The surviving replicas keep naming a dead leader until they elect
+//! another, so while a node is silent the client does not send to it: it asks the shard's other
+//! replicas in turn (from the seed's `shard-info`: replicas and target), [`FAILOVER_POLL`]
+//! apart, and follows the first one that names a live leader or leads itself. Meanwhile a
+//! liveness check (a `shard-for` of the empty key) is kept going to the silent node in the
+//! background: a node that was only stalled is heard again as soon as it answers, one that is
+//! dead stays silent.
+//!
 //! Clones share one routing cache (node addresses, the last leader seen for each shard, and,
 //! once [`KvClient::learn_shard_count`] ran, the cluster's shard count, so a key's shard is
 //! computed locally and a cached leader is asked directly, without a `shard-for` round trip
@@ -22,7 +36,7 @@
 //! pipelining (a caller runs many operations concurrently with many clients), no
 //! deduplication of retried writes (none is ever retried once it may have been delivered).
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
@@ -33,6 +47,16 @@ use cluster::wire::{self, Request, Response};
 use shardtable::ShardCount;
 use topology::NodeId;
 use transport::Endpoint;
+
+/// How long a node that did not answer a request is passed over in favour of the other
+/// replicas of its shard: about the longest a failover takes (SWIM declares a dead member down
+/// within about 0.8 s; a shard with traffic elects within `t_elect` plus a rank step and jitter,
+/// about 0.5 s). A leader that was only slow is avoided for this long at most.
+pub(crate) const SILENT_FOR: Duration = Duration::from_secs(1);
+
+/// How long to wait before asking the next replica, while the replicas asked still name a
+/// silent node as the leader: the granularity with which a new leader is found.
+pub(crate) const FAILOVER_POLL: Duration = Duration::from_millis(20);
 
 /// Why an operation did not succeed.
 #[derive(Debug, thiserror::Error)]
@@ -87,6 +111,21 @@ struct Routes {
     leaders: HashMap<u16, SocketAddr>,
     /// The cluster's shard count, once learned: keys are then mapped to shards locally.
     shards: Option<ShardCount>,
+    /// Nodes that did not answer a request, and when (see [`SILENT_FOR`]).
+    silent: HashMap<SocketAddr, Instant>,
+    /// When each node last answered a request.
+    heard: HashMap<SocketAddr, Instant>,
+    /// Silent nodes whose liveness check is in flight.
+    checking: HashSet<SocketAddr>,
+}
+
+/// Where one operation goes when its leader is silent: the shard's other replicas, in turn.
+#[derive(Default)]
+struct Detour {
+    /// The shard's replicas as the seed named them; `None` until first needed.
+    replicas: Option<Vec<SocketAddr>>,
+    /// How many times a replica was picked.
+    turn: usize,
 }
 
 impl KvClient {
@@ -140,6 +179,92 @@ impl KvClient {
         Ok(())
     }
 
+    /// `addr` answered a request.
+    fn answered(&self, addr: SocketAddr) {
+        let mut routes = self.routes();
+        routes.silent.remove(&addr);
+        routes.heard.insert(addr, Instant::now());
+    }
+
+    /// A request sent to `addr` at `sent` failed with `error`. If that means the node is silent,
+    /// remembers so and, after a timeout, closes the connection to it.
+    fn unanswered(&self, addr: SocketAddr, sent: Instant, error: &transport::RequestError) {
+        use transport::RequestError;
+        let silent = match error {
+            RequestError::Connect { .. } => true,
+            RequestError::Timeout { .. } => {
+                // Silent unless it answered another request since this one was sent.
+                self.routes().heard.get(&addr).is_none_or(|at| *at <= sent)
+            }
+            _ => false,
+        };
+        if silent {
+            self.routes().silent.insert(addr, Instant::now());
+            if matches!(error, RequestError::Timeout { .. }) {
+                self.endpoint.forget(addr);
+            }
+        }
+    }
+
+    /// Starts a liveness check of silent `addr` in the background, unless one is in flight.
+    fn check_silent(&self, addr: SocketAddr) {
+        if !self.routes().checking.insert(addr) {
+            return;
+        }
+        let client = self.clone();
+        tokio::spawn(async move {
+            let ping = Bytes::from(wire::encode(&Request::ShardFor { key: Vec::new() }));
+            let sent = Instant::now();
+            let answer = client
+                .endpoint
+                .request(addr, None, ping, client.attempt_timeout)
+                .await;
+            client.routes().checking.remove(&addr);
+            match answer {
+                Ok(_) => client.answered(addr),
+                Err(error) => client.unanswered(addr, sent, &error),
+            }
+        });
+    }
+
+    /// Whether `addr` did not answer a request within the last [`SILENT_FOR`].
+    fn is_silent(&self, addr: SocketAddr) -> bool {
+        self.routes()
+            .silent
+            .get(&addr)
+            .is_some_and(|since| since.elapsed() < SILENT_FOR)
+    }
+
+    /// `next`, unless it is silent: then another replica of `shard` that is not, in turn (or
+    /// `next` after all, when there is none).
+    async fn steer(
+        &self,
+        shard: u16,
+        next: SocketAddr,
+        detour: &mut Detour,
+        deadline: Instant,
+    ) -> SocketAddr {
+        if !self.is_silent(next) {
+            return next;
+        }
+        self.check_silent(next);
+        if detour.replicas.is_none() {
+            detour.replicas = Some(self.replicas(shard, deadline).await);
+        }
+        let others: Vec<SocketAddr> = detour
+            .replicas
+            .iter()
+            .flatten()
+            .copied()
+            .filter(|addr| *addr != next && !self.is_silent(*addr))
+            .collect();
+        if others.is_empty() {
+            return next;
+        }
+        detour.turn += 1;
+        others[detour.turn % others.len()]
+    }
+
     /// The key's shard and cached leader, when the shard count is known and a leader cached.
     fn cached_route(&self, key: &[u8]) -> Option<(u16, SocketAddr)> {
         let routes = self.routes();
@@ -159,7 +284,7 @@ impl KvClient {
             }
         };
         let write = !matches!(op, ClientOp::Get { .. });
-        let (shard, mut target) = match self.cached_route(&key) {
+        let (shard, target) = match self.cached_route(&key) {
             Some(route) => route,
             None => {
                 let (shard, placement_leader) = self.route(&key, deadline).await?;
@@ -167,6 +292,8 @@ impl KvClient {
                 (shard, cached.or(placement_leader).unwrap_or(self.seed))
             }
         };
+        let mut detour = Detour::default();
+        let mut target = self.steer(shard, target, &mut detour, deadline).await;
         let body = Bytes::from(wire::encode(&Request::Client(op)));
         let mut backoff = Duration::from_millis(10);
         let mut moves = 0;
@@ -185,6 +312,10 @@ impl KvClient {
                 .endpoint
                 .request(target, None, body.clone(), timeout)
                 .await;
+            match &answer {
+                Ok(_) => self.answered(target),
+                Err(error) => self.unanswered(target, now, error),
+            }
             let reply = match answer {
                 Ok(bytes) => match wire::decode::<Response>(&bytes) {
                     Ok(Response::Client(reply)) => reply,
@@ -212,12 +343,9 @@ impl KvClient {
                     }
                 },
                 Err(error) if write && !error.nothing_sent() => {
-                    // The leader may be gone: ask again next time; after a timeout, on a new
-                    // connection (QUIC does not notice a dead peer before its idle timeout).
+                    // The leader may be gone: ask again next time (after a timeout with no
+                    // other answer from it, on a new connection: see `unanswered`).
                     self.routes().leaders.remove(&shard);
-                    if matches!(error, transport::RequestError::Timeout { .. }) {
-                        self.endpoint.forget(target);
-                    }
                     return Err(KvError::Indeterminate {
                         why: error.to_string(),
                     });
@@ -226,18 +354,16 @@ impl KvClient {
                     // Never delivered (or a read): ask again where the shard leads.
                     tracing::debug!(%target, %error, "attempt failed");
                     self.routes().leaders.remove(&shard);
-                    if matches!(error, transport::RequestError::Timeout { .. }) {
-                        self.endpoint.forget(target);
-                    }
                     tokio::time::sleep(
                         backoff.min(deadline.saturating_duration_since(Instant::now())),
                     )
                     .await;
                     backoff = (backoff * 2).min(Duration::from_millis(200));
-                    target = match self.route(&key, deadline).await {
+                    let next = match self.route(&key, deadline).await {
                         Ok((_, Some(leader))) if leader != target => leader,
                         _ => self.seed,
                     };
+                    target = self.steer(shard, next, &mut detour, deadline).await;
                     continue;
                 }
             };
@@ -251,8 +377,23 @@ impl KvClient {
                     ..
                 } => {
                     moves += 1;
-                    match self.resolve(&leader, deadline).await {
-                        Some(addr) if addr != target && moves <= 3 => target = addr,
+                    let named = self.resolve(&leader, deadline).await;
+                    let steered = match named {
+                        Some(addr) => Some(self.steer(shard, addr, &mut detour, deadline).await),
+                        None => None,
+                    };
+                    match (named, steered) {
+                        (Some(addr), Some(next)) if next != addr => {
+                            // The node named did not answer us: most likely it failed and the
+                            // replica asked has not seen a successor yet. Ask the next one.
+                            tokio::time::sleep(
+                                FAILOVER_POLL
+                                    .min(deadline.saturating_duration_since(Instant::now())),
+                            )
+                            .await;
+                            target = next;
+                        }
+                        (Some(addr), _) if addr != target && moves <= 3 => target = addr,
                         _ => {
                             // Bouncing between nodes whose views disagree: wait for them.
                             tokio::time::sleep(backoff).await;
@@ -311,6 +452,37 @@ impl KvClient {
         }
     }
 
+    /// The addresses of `shard`'s replicas as the seed knows them: its replica's config when
+    /// it holds the shard, else placement's, and in either case placement's target too (a
+    /// node may hold a stale replica whose config names only itself); none if it does not
+    /// answer.
+    async fn replicas(&self, shard: u16, deadline: Instant) -> Vec<SocketAddr> {
+        let request = Request::ShardInfo {
+            shard: u32::from(shard),
+        };
+        let Ok(Response::ShardInfo(view)) = self.ask_seed(&request, deadline).await else {
+            return Vec::new();
+        };
+        let mut addrs = Vec::new();
+        for replica in view.replicas {
+            if let Some(addr) = replica.node.addr {
+                self.routes().addrs.insert(replica.node.id, addr);
+                addrs.push(addr);
+            }
+        }
+        for id in view.target {
+            let Ok(node) = NodeId::new(&id) else {
+                continue;
+            };
+            if let Some(addr) = self.resolve(&node, deadline).await
+                && !addrs.contains(&addr)
+            {
+                addrs.push(addr);
+            }
+        }
+        addrs
+    }
+
     /// Where `node` listens, from the cache or the seed's membership list.
     async fn resolve(&self, node: &NodeId, deadline: Instant) -> Option<SocketAddr> {
         if let Some(addr) = self.routes().addrs.get(node) {
@@ -339,6 +511,7 @@ impl KvClient {
                     anyhow::Error::from(error).context(format!("asking {}", self.seed)),
                 )
             })?;
+        self.answered(self.seed);
         wire::decode::<Response>(&answer).map_err(|error| {
             KvError::Unreachable(
                 anyhow::Error::from(error).context(format!("decoding {}'s answer", self.seed)),

@@ -1,14 +1,15 @@
 //! `node`: the slotring daemon and its command-line client, in one binary.
 //!
 //! Without a subcommand it runs the daemon (`node --listen ADDR [--join ADDR,...]`); with one it
-//! makes certificates (`certs`), asks a running node (`shard-info`, `members`, ...) or loads
-//! it (`bench`). See `docs/operator.md`.
+//! makes certificates (`certs`), asks a running node (`shard-info`, `members`, ...), loads it
+//! (`bench`) or watches its writes (`probe`). See `docs/operator.md`.
 
 mod bench;
 mod cli;
 mod client;
 mod daemon;
 mod datadir;
+mod probe;
 mod store;
 
 use std::net::SocketAddr;
@@ -137,6 +138,9 @@ enum Command {
     /// Load generator: many concurrent put/get loops on random keys; prints ops/s, latency
     /// percentiles and error counts.
     Bench(Box<bench::BenchArgs>),
+    /// Write canary: writes one key (and optionally one of another shard) every few ms and
+    /// prints, with unix-ms timestamps, when writes start failing and when they succeed again.
+    Probe(Box<probe::ProbeArgs>),
 }
 
 #[derive(Debug, Subcommand)]
@@ -247,6 +251,7 @@ fn main() -> ExitCode {
             &query,
         )),
         Some(Command::Bench(args)) => runtime.block_on(bench::run(&args)),
+        Some(Command::Probe(args)) => runtime.block_on(probe::run(&args)),
         Some(Command::Del { key, query }) => runtime.block_on(cli::key_op(
             cluster::replica::ClientOp::Del {
                 key: key.into_bytes(),
