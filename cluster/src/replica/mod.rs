@@ -1065,12 +1065,16 @@ impl ShardReplica {
         if self.durable.tombstone.is_some() {
             return None;
         }
+        // Skipped: voters SWIM holds down, and the leader this replica follows: the election
+        // timer only fires once that leader has been silent for `T_elect`, so it will not
+        // stand, and its fellow followers need not wait a rank step for it.
         let mut rank = 0;
         for voter in &active(&self.durable, self.config_at).voters {
             if voter == &self.me {
                 return Some(rank);
             }
-            if !self.dead.contains(&voter.node) {
+            let followed = self.leader_hint.as_ref() == Some(&voter.node);
+            if !self.dead.contains(&voter.node) && !followed {
                 rank += 1;
             }
         }
