@@ -38,9 +38,6 @@
 //! `base.pos.index + i`, so the rows of a shard are always exactly `base + 1 ..= base + len`,
 //! which [`Store::open`] checks.
 
-// The daemon does not call the store yet: wiring it into the node loop comes next.
-#![allow(dead_code)]
-
 use std::collections::BTreeMap;
 use std::collections::btree_map::Entry as MapEntry;
 use std::ops::Bound;
@@ -248,25 +245,19 @@ impl Store {
         })
     }
 
-    /// The database's path.
-    pub(crate) fn path(&self) -> &Path {
-        &self.folder.path
-    }
-
-    /// Folds after other numbers of commits or bytes than [`FoldPolicy::default`].
+    /// Folds after other numbers of commits or bytes than [`FoldPolicy::default`] (tests:
+    /// the daemon keeps the default).
+    #[cfg(test)]
     pub(crate) fn set_fold_policy(&mut self, policy: FoldPolicy) {
         self.folder.policy = policy;
-    }
-
-    /// Whether committed batches wait to be folded.
-    pub(crate) fn has_unfolded(&self) -> bool {
-        !self.folder.unfolded.is_empty()
     }
 
     /// Writes whole shard states, replacing what the store holds for them, in one durable
     /// transaction: for a bootstrap, whose initial config ([`Durable::bootstrap`]) reaches the
     /// disk through no [`Change`]. A shard the store does not hold starts from
-    /// [`Durable::empty`] at its first commit.
+    /// [`Durable::empty`] at its first commit. Tests only: the daemon bootstraps through an
+    /// `InstallSnapshot` change like any other.
+    #[cfg(test)]
     pub(crate) fn create_shards<'a>(
         &mut self,
         shards: impl IntoIterator<Item = (u16, &'a Durable)>,
@@ -286,18 +277,17 @@ impl Store {
             .with_context(|| format!("committing new shards to {}", self.folder.path.display()))
     }
 
-    /// Makes `persist` durable: one record appended to the write-ahead log and fsynced. On an
-    /// error the log's tail is unknown to the caller: the node must abort (R0).
+    /// Makes `persist` durable: one record appended to the write-ahead log and fsynced (tests;
+    /// the [`StoreWorker`] does the same on its own thread). On an error the log's tail is
+    /// unknown to the caller: the node must abort (R0).
+    #[cfg(test)]
     pub(crate) fn commit(&mut self, persist: &HostPersist) -> Result<()> {
-        let (batch, bytes) = encode_batch(persist)?;
-        let seq = self
-            .wal
-            .append(&bytes)
-            .with_context(|| format!("committing batch {}", persist.batch.0))?;
-        self.folder.push(seq, batch, bytes.len())
+        let (seq, batch, bytes) = append_batch(&mut self.wal, persist)?;
+        self.folder.push(seq, batch, bytes)
     }
 
     /// [`fold`](Self::fold)s once the [`FoldPolicy`]'s count or size says so.
+    #[cfg(test)]
     pub(crate) fn fold_if_due(&mut self) -> Result<()> {
         if self.folder.is_due() {
             self.fold()?;
@@ -314,20 +304,25 @@ impl Store {
 
     /// A consistent view of one shard's key-value pairs (a redb read transaction) as of the
     /// last fold: what a leader streams to a learner (R6). Later commits do not change it.
+    #[cfg(test)]
     pub(crate) fn read_snapshot(&self, shard: u16) -> Result<ShardSnapshot> {
         read_snapshot(&self.folder.db, shard)
     }
 }
 
-/// A group commit's log payload: its changes by shard, and their postcard.
-fn encode_batch(persist: &HostPersist) -> Result<(WalBatch, Vec<u8>)> {
+/// Appends `persist` to `wal` as one durable record; returns its sequence number, its changes
+/// (for the fold) and the record's payload size.
+fn append_batch(wal: &mut Wal, persist: &HostPersist) -> Result<(u64, WalBatch, usize)> {
     let batch: WalBatch = persist
         .shards
         .iter()
         .map(|(shard, shard_persist)| (*shard, shard_persist.changes.clone()))
         .collect();
     let bytes = encode(&batch)?;
-    Ok((batch, bytes))
+    let seq = wal
+        .append(&bytes)
+        .with_context(|| format!("committing batch {}", persist.batch.0))?;
+    Ok((seq, batch, bytes.len()))
 }
 
 impl Folder {
@@ -409,6 +404,9 @@ impl Folder {
     }
 }
 
+// Not called by the daemon yet: learners still get the leader's in-memory state (issue 6 moves
+// snapshots onto these read transactions).
+#[allow(dead_code)]
 fn read_snapshot(db: &Database, shard: u16) -> Result<ShardSnapshot> {
     let txn = db.begin_read().context("starting a read transaction")?;
     let kv = txn.open_table(KV).context("opening the kv table")?;
@@ -417,11 +415,13 @@ fn read_snapshot(db: &Database, shard: u16) -> Result<ShardSnapshot> {
 
 /// One shard's key-value pairs as of one read transaction, in key order.
 #[derive(Debug)]
+#[allow(dead_code)]
 pub(crate) struct ShardSnapshot {
     shard: u16,
     kv: ReadOnlyTable<(u16, &'static [u8]), &'static [u8]>,
 }
 
+#[allow(dead_code)]
 impl ShardSnapshot {
     /// The pairs with keys after `after` (all of them for `None`), in key order, up to about
     /// `max_bytes` of keys and values (at least one pair if any remain): one snapshot chunk.
@@ -501,6 +501,7 @@ impl<'txn> Tables<'txn> {
         Ok(Cursor { row, len })
     }
 
+    #[cfg(test)]
     fn put_shard(&mut self, shard: u16, durable: &Durable) -> Result<()> {
         self.clear_log(shard)?;
         self.clear_kv(shard)?;
@@ -852,13 +853,7 @@ impl StoreWorker {
             .name("slotring-wal".to_owned())
             .spawn(move || {
                 while let Ok(persist) = batches.recv() {
-                    let committed = encode_batch(&persist).and_then(|(batch, bytes)| {
-                        let seq = wal
-                            .append(&bytes)
-                            .with_context(|| format!("committing batch {}", persist.batch.0))?;
-                        Ok((seq, batch, bytes.len()))
-                    });
-                    let (seq, batch, bytes) = match committed {
+                    let (seq, batch, bytes) = match append_batch(&mut wal, &persist) {
                         Ok(committed) => committed,
                         Err(error) => {
                             let _ = report.send(Err(error));
@@ -915,6 +910,7 @@ impl StoreHandle {
 
     /// [`Store::read_snapshot`], while the worker commits: the view holds what was folded
     /// when it was taken.
+    #[allow(dead_code)]
     pub(crate) fn read_snapshot(&self, shard: u16) -> Result<ShardSnapshot> {
         read_snapshot(&self.db, shard)
     }

@@ -119,6 +119,7 @@ impl Wal {
     }
 
     /// The sequence number the next [`append`](Self::append) gets.
+    #[cfg(test)]
     pub(crate) fn next_seq(&self) -> u64 {
         self.next_seq
     }
