@@ -13,15 +13,23 @@
 //! | 16 | the first 16 bytes of blake3(sequence number ‖ payload) |
 //! | length | payload: the postcard of one group commit |
 //!
-//! Opening reads every segment in order. A record that is cut short or fails its digest ends
-//! the log if it is in the newest segment (a crash mid-append: that commit was never reported
-//! durable) and the file is truncated there; anywhere else it is corruption and opening fails.
-//! Appends always go to a new segment after an open, and to a new one each 64 MiB. A segment is
-//! deleted once every record in it is folded (its successor starts at or below the first
-//! unfolded sequence number).
+//! A segment's records run from the one its name gives up to the first record that is cut
+//! short, fails its digest, or carries another sequence number. In the newest segment that is
+//! the end of the log (a crash mid-append: that commit was never reported durable); anywhere
+//! else the next segment must start exactly there, or records are missing and opening fails.
+//! Appends always go to a new segment after an open, and to a new one each 32 MiB.
+//!
+//! Segments are recycled. Once every record in a segment is folded (its successor starts at or
+//! below the first unfolded sequence number) the file is renamed `<n>.free` and later reused as
+//! a new segment: its header is rewritten and records overwrite the old ones in place. The old
+//! records left after the new ones carry smaller sequence numbers, so they end the segment like
+//! a torn tail. Overwriting blocks a file already has means an append's `fdatasync` flushes
+//! only data, never the file system's journal (a growing file's size must go through it), which
+//! here halves its latency. Up to [`SPARE_SEGMENTS`] wait to be reused; more are deleted.
 //!
 //! What it does not do: share a file between processes (the data dir's lock prevents that),
-//! compress, or preallocate.
+//! compress, or zero-fill a new segment ahead of use (the first segments of a new log grow as
+//! they are written).
 
 use std::collections::VecDeque;
 use std::fs::{File, OpenOptions};
@@ -35,7 +43,11 @@ const MAGIC: &[u8; 8] = b"SLRWAL01";
 const HEADER_BYTES: u64 = 8 + 16;
 const RECORD_HEAD_BYTES: usize = 4 + 8 + 16;
 /// A segment this long is closed and a new one started.
-const SEGMENT_BYTES: u64 = 64 << 20;
+const SEGMENT_BYTES: u64 = 32 << 20;
+/// How many folded segments wait to be reused; more are deleted.
+const SPARE_SEGMENTS: usize = 2;
+/// The file name suffix of a folded segment waiting to be reused.
+const SPARE_SUFFIX: &str = ".free";
 /// No record is longer: a longer length field is corruption, not a reason to allocate.
 const MAX_RECORD_BYTES: usize = 1 << 30;
 
@@ -49,8 +61,10 @@ pub(crate) struct Wal {
     storage: StorageId,
     file: File,
     file_len: u64,
-    /// `(first sequence number, path)`, oldest first; the last one is `file`.
-    segments: VecDeque<(u64, PathBuf)>,
+    /// Oldest first; the last one is `file`.
+    segments: Segments,
+    /// Folded segments waiting to be reused, at most [`SPARE_SEGMENTS`].
+    spares: Vec<PathBuf>,
     next_seq: u64,
 }
 
@@ -65,32 +79,25 @@ impl Wal {
     ) -> Result<(Wal, Vec<Record>)> {
         std::fs::create_dir_all(dir)
             .with_context(|| format!("creating the write-ahead log {}", dir.display()))?;
-        let mut segments = list_segments(dir)?;
+        let (mut segments, spares) = list_segments(dir)?;
         let mut records = Vec::new();
         let mut expected: Option<u64> = None;
         let count = segments.len();
         for (position, (first, path)) in segments.iter().enumerate() {
             let newest = position + 1 == count;
-            let read = read_segment(path, storage, newest)
-                .with_context(|| format!("reading {}", path.display()))?;
-            if let Some((seq, _)) = read.first()
-                && *seq != *first
+            if let Some(expected) = expected
+                && expected != *first
             {
-                bail!("{} starts with record {seq}, not {first}", path.display());
+                bail!(
+                    "the write-ahead log's records {expected}..{first} are missing or damaged \
+                     (before {})",
+                    path.display()
+                );
             }
-            for (seq, payload) in read {
-                if expected.is_some_and(|expected| expected != seq) {
-                    bail!(
-                        "the write-ahead log skips from record {} to {seq} in {}",
-                        expected.unwrap_or_default(),
-                        path.display()
-                    );
-                }
-                expected = Some(seq + 1);
-                if seq >= next_unfolded {
-                    records.push((seq, payload));
-                }
-            }
+            let read = read_segment(path, storage, *first, newest)
+                .with_context(|| format!("reading {}", path.display()))?;
+            expected = Some(first + read.len() as u64);
+            records.extend(read.into_iter().filter(|(seq, _)| *seq >= next_unfolded));
         }
         if let Some((seq, _)) = records.first()
             && *seq != next_unfolded
@@ -102,9 +109,10 @@ impl Wal {
             );
         }
         let next_seq = expected.unwrap_or(next_unfolded).max(next_unfolded);
-        // A segment already named `next_seq` holds no record: it is recreated below.
+        // A segment already named `next_seq` holds no record: it is replaced below.
         segments.retain(|(first, _)| *first != next_seq);
-        let (file, path) = create_segment(dir, storage, next_seq)?;
+        let mut spares = spares;
+        let (file, path) = start_segment(dir, storage, next_seq, spares.pop())?;
         segments.push_back((next_seq, path));
         let mut wal = Wal {
             dir: dir.to_owned(),
@@ -112,6 +120,7 @@ impl Wal {
             file,
             file_len: HEADER_BYTES,
             segments,
+            spares,
             next_seq,
         };
         wal.release(next_unfolded)?;
@@ -134,7 +143,8 @@ impl Wal {
             );
         }
         if self.file_len >= SEGMENT_BYTES {
-            let (file, path) = create_segment(&self.dir, self.storage, self.next_seq)?;
+            let spare = self.spares.pop();
+            let (file, path) = start_segment(&self.dir, self.storage, self.next_seq, spare)?;
             self.file = file;
             self.file_len = HEADER_BYTES;
             self.segments.push_back((self.next_seq, path));
@@ -163,10 +173,20 @@ impl Wal {
         Ok(seq)
     }
 
-    /// Deletes the segments whose records are all before `next_unfolded` (folded).
+    /// Keeps for reuse, or deletes, the segments whose records are all before
+    /// `next_unfolded` (folded).
     pub(crate) fn release(&mut self, next_unfolded: u64) -> Result<()> {
         while self.segments.len() > 1 && self.segments[1].0 <= next_unfolded {
-            if let Some((_, path)) = self.segments.pop_front() {
+            let Some((first, path)) = self.segments.pop_front() else {
+                break;
+            };
+            if self.spares.len() < SPARE_SEGMENTS {
+                let spare = self.dir.join(format!("{first:020}{SPARE_SUFFIX}"));
+                std::fs::rename(&path, &spare).with_context(|| {
+                    format!("keeping the folded segment {} for reuse", path.display())
+                })?;
+                self.spares.push(spare);
+            } else {
                 std::fs::remove_file(&path)
                     .with_context(|| format!("deleting the folded segment {}", path.display()))?;
             }
@@ -185,14 +205,27 @@ fn digest(seq: u64, payload: &[u8]) -> [u8; 16] {
     out
 }
 
-/// The segment files in `dir`, oldest first.
-fn list_segments(dir: &Path) -> Result<VecDeque<(u64, PathBuf)>> {
+/// `(first sequence number, path)` of each segment, oldest first.
+type Segments = VecDeque<(u64, PathBuf)>;
+
+/// The segment files in `dir`, oldest first, and the folded ones kept for reuse.
+fn list_segments(dir: &Path) -> Result<(Segments, Vec<PathBuf>)> {
     let mut segments = Vec::new();
+    let mut spares = Vec::new();
     for entry in std::fs::read_dir(dir).with_context(|| format!("listing {}", dir.display()))? {
         let path = entry?.path();
         let Some(name) = path.file_name().and_then(|name| name.to_str()) else {
             continue;
         };
+        if name.ends_with(SPARE_SUFFIX) {
+            if spares.len() < SPARE_SEGMENTS {
+                spares.push(path);
+            } else {
+                std::fs::remove_file(&path)
+                    .with_context(|| format!("deleting the spare segment {}", path.display()))?;
+            }
+            continue;
+        }
         let Some(first) = name.strip_suffix(".wal") else {
             continue;
         };
@@ -202,18 +235,35 @@ fn list_segments(dir: &Path) -> Result<VecDeque<(u64, PathBuf)>> {
         segments.push((first, path));
     }
     segments.sort();
-    Ok(segments.into())
+    Ok((segments.into(), spares))
 }
 
-/// Creates segment `first` with its header, durably (the file and its directory entry).
-fn create_segment(dir: &Path, storage: StorageId, first: u64) -> Result<(File, PathBuf)> {
+/// Starts segment `first`: reuses `spare` (a folded segment) if given, else creates a file;
+/// writes the header and makes it durable, the directory entry too. Appends then go right after
+/// the header.
+fn start_segment(
+    dir: &Path,
+    storage: StorageId,
+    first: u64,
+    spare: Option<PathBuf>,
+) -> Result<(File, PathBuf)> {
     let path = dir.join(format!("{first:020}.wal"));
-    let mut file = OpenOptions::new()
-        .create(true)
-        .truncate(true)
-        .write(true)
-        .open(&path)
-        .with_context(|| format!("creating {}", path.display()))?;
+    let mut file = match spare {
+        Some(spare) => {
+            std::fs::rename(&spare, &path)
+                .with_context(|| format!("reusing {} as {}", spare.display(), path.display()))?;
+            OpenOptions::new()
+                .write(true)
+                .open(&path)
+                .with_context(|| format!("opening {}", path.display()))?
+        }
+        None => OpenOptions::new()
+            .create(true)
+            .truncate(true)
+            .write(true)
+            .open(&path)
+            .with_context(|| format!("creating {}", path.display()))?,
+    };
     file.write_all(MAGIC)
         .and_then(|()| file.write_all(&storage.0.to_le_bytes()))
         .and_then(|()| file.sync_all())
@@ -224,16 +274,16 @@ fn create_segment(dir: &Path, storage: StorageId, first: u64) -> Result<(File, P
     Ok((file, path))
 }
 
-/// Reads a segment's records. A bad record ends the newest segment (a torn append, cut off
-/// here) and is an error in any other.
-fn read_segment(path: &Path, storage: StorageId, newest: bool) -> Result<Vec<Record>> {
+/// Reads segment `first`'s records: from `first` on, up to the first record that is cut
+/// short, damaged, or carries another sequence number (the end of what was appended, or a
+/// reused segment's old records). A header that never reached the disk is an empty segment if
+/// it is the newest and an error otherwise.
+fn read_segment(path: &Path, storage: StorageId, first: u64, newest: bool) -> Result<Vec<Record>> {
     let mut bytes = Vec::new();
     File::open(path)?.read_to_end(&mut bytes)?;
     let header_ok = bytes.len() >= HEADER_BYTES as usize && &bytes[..8] == MAGIC;
     if !header_ok {
         if newest {
-            // Created but its header never reached the disk: nothing in it was durable.
-            truncate(path, 0)?;
             return Ok(Vec::new());
         }
         bail!("not a write-ahead log segment (bad header)");
@@ -248,18 +298,14 @@ fn read_segment(path: &Path, storage: StorageId, newest: bool) -> Result<Vec<Rec
     }
     let mut records = Vec::new();
     let mut at = HEADER_BYTES as usize;
-    while at < bytes.len() {
-        match parse_record(&bytes[at..]) {
-            Some((seq, payload, len)) => {
-                records.push((seq, payload.to_vec()));
-                at += len;
-            }
-            None if newest => {
-                truncate(path, at as u64)?;
-                break;
-            }
-            None => bail!("a damaged record at byte {at}"),
+    let mut expected = first;
+    while let Some((seq, payload, len)) = parse_record(&bytes[at..]) {
+        if seq != expected {
+            break;
         }
+        records.push((seq, payload.to_vec()));
+        expected += 1;
+        at += len;
     }
     Ok(records)
 }
@@ -274,13 +320,6 @@ fn parse_record(bytes: &[u8]) -> Option<(u64, &[u8], usize)> {
     let seq = u64::from_le_bytes(head[4..12].try_into().ok()?);
     let payload = bytes.get(RECORD_HEAD_BYTES..RECORD_HEAD_BYTES + len)?;
     (digest(seq, payload) == head[12..28]).then_some((seq, payload, RECORD_HEAD_BYTES + len))
-}
-
-fn truncate(path: &Path, len: u64) -> Result<()> {
-    let file = OpenOptions::new().write(true).open(path)?;
-    file.set_len(len)?;
-    file.sync_all()?;
-    Ok(())
 }
 
 #[cfg(test)]
@@ -326,7 +365,7 @@ mod tests {
     }
 
     #[test]
-    fn a_torn_tail_is_cut_off_and_damage_elsewhere_is_refused() {
+    fn a_torn_tail_ends_the_log_and_damage_elsewhere_is_refused() {
         let dir = temp_dir("torn");
         let (mut wal, _) = Wal::open(&dir, STORE, 0).unwrap();
         wal.append(b"one").unwrap();
@@ -348,13 +387,65 @@ mod tests {
         let (wal, records) = Wal::open(&dir, STORE, 0).unwrap();
         assert_eq!(records, vec![(0, b"one".to_vec()), (1, b"again".to_vec())]);
         drop(wal);
-        // A flipped byte in an older segment's record is corruption.
+        // A flipped byte in an older segment's record is corruption: the next segment does
+        // not start where that one's records now end.
         let mut bytes = std::fs::read(&path).unwrap();
-        let last = bytes.len() - 1;
-        bytes[last] ^= 1;
+        bytes[HEADER_BYTES as usize + RECORD_HEAD_BYTES] ^= 1;
         std::fs::write(&path, &bytes).unwrap();
         let error = format!("{:#}", Wal::open(&dir, STORE, 0).unwrap_err());
-        assert!(error.contains("damaged record"), "{error}");
+        assert!(
+            error.contains("records 0..1 are missing or damaged"),
+            "{error}"
+        );
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[test]
+    fn folded_segments_are_reused_and_their_old_records_never_come_back() {
+        let dir = temp_dir("reuse");
+        let (mut wal, _) = Wal::open(&dir, STORE, 0).unwrap();
+        // Long records fill a segment in a few appends.
+        let big = vec![7u8; (SEGMENT_BYTES / 3) as usize];
+        for _ in 0..4 {
+            wal.append(&big).unwrap();
+        }
+        assert_eq!(wal.segments.len(), 2);
+        let first_segment = wal.segments[0].1.clone();
+        wal.release(3).unwrap();
+        assert_eq!(wal.spares.len(), 1, "the folded segment is kept");
+        assert!(!first_segment.exists());
+        // Filling the second segment starts the third in the spare, over its old records.
+        for _ in 0..3 {
+            wal.append(&big).unwrap();
+        }
+        assert!(wal.spares.is_empty());
+        assert_eq!(wal.segments.len(), 2);
+        let reused = wal.segments.back().unwrap().clone();
+        assert_eq!(reused.0, 6);
+        assert!(std::fs::metadata(&reused.1).unwrap().len() > SEGMENT_BYTES / 2);
+        wal.append(b"short").unwrap();
+        drop(wal);
+        let reused_bytes = std::fs::read(&reused.1).unwrap();
+        // The reused file still holds old records 1 and 2 after the new ones: they end it.
+        let (wal, records) = Wal::open(&dir, STORE, 3).unwrap();
+        let seqs: Vec<u64> = records.iter().map(|(seq, _)| *seq).collect();
+        assert_eq!(seqs, vec![3, 4, 5, 6, 7]);
+        assert_eq!(records.last().unwrap().1, b"short".to_vec());
+        assert_eq!(wal.next_seq(), 8);
+        drop(wal);
+        // A crash right after a spare became segment 8, before anything was appended to it:
+        // it holds only old records (6 and 7 here), which are not its own.
+        let (wal, _) = Wal::open(&dir, STORE, 8).unwrap();
+        let newest = wal.segments.back().unwrap().clone();
+        assert_eq!(newest.0, 8);
+        drop(wal);
+        std::fs::write(&newest.1, &reused_bytes).unwrap();
+        let (mut wal, records) = Wal::open(&dir, STORE, 8).unwrap();
+        assert!(records.is_empty());
+        assert_eq!(wal.append(b"new").unwrap(), 8);
+        drop(wal);
+        let (_, records) = Wal::open(&dir, STORE, 8).unwrap();
+        assert_eq!(records, vec![(8, b"new".to_vec())]);
         let _ = std::fs::remove_dir_all(&dir);
     }
 
@@ -372,7 +463,7 @@ mod tests {
         // Opening with record 0 folded drops the segment that held only it; records that
         // were never folded must be in the log.
         let (mut wal, _) = Wal::open(&dir, STORE, 1).unwrap();
-        assert_eq!(list_segments(&dir).unwrap().len(), 1);
+        assert_eq!(list_segments(&dir).unwrap().0.len(), 1);
         assert_eq!(wal.append(b"z").unwrap(), 1);
         drop(wal);
         let error = format!("{:#}", Wal::open(&dir, STORE, 0).unwrap_err());
