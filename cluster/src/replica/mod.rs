@@ -846,6 +846,7 @@ impl ShardReplica {
     pub fn handle_client(&mut self, now: Duration, tag: RequestTag, op: ClientOp) {
         let established = matches!(&self.role, Role::Leader(leader) if leader.established);
         if !established {
+            self.client_passed_the_leader(now);
             let reply = self.redirect();
             self.replies.push_back((tag, reply));
             return;
@@ -873,6 +874,29 @@ impl ShardReplica {
             ClientOp::Del { key } => self.append_write(now, tag, Op::Del { key }),
         }
         self.finish(now);
+    }
+
+    /// A client asked this follower instead of the leader it follows: clients go to the leader
+    /// (it is in their routing), so it may be gone. An idle leader's silence is excused for
+    /// `T_elect + idle_heartbeat`; from now on it is not. The election timer moves to
+    /// `T_elect` after the leader was last heard, but no sooner than one heartbeat from now
+    /// (a live leader the client then reaches wakes up and heartbeats at once, in far less),
+    /// plus the rank step and jitter. Without it a dead idle leader's shard waits for SWIM's
+    /// verdict (about 700 ms here) before anyone stands, though a client is already waiting.
+    fn client_passed_the_leader(&mut self, now: Duration) {
+        if !(matches!(self.role, Role::Follower) && self.leader_idle && self.leader_hint.is_some())
+        {
+            return;
+        }
+        self.leader_idle = false;
+        let Some(rank) = self.rank() else {
+            return;
+        };
+        let silent_since = self.last_heard.unwrap_or(now);
+        let from = (now + self.config.heartbeat).max(silent_since + self.config.t_elect);
+        let jitter = self.random_below(self.config.jitter);
+        let at = from + self.config.t_step * rank + jitter;
+        self.election_at = Some(self.election_at.map_or(at, |armed| armed.min(at)));
     }
 
     /// A message from replica `from`, addressed to `to`.

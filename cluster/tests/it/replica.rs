@@ -821,3 +821,75 @@ fn a_deposed_leaders_unreplicated_suffix_is_replaced() {
         );
     }
 }
+
+/// A leader goes idle after a second without traffic; its followers then excuse its silence for
+/// `t_elect + idle_heartbeat` (1.3 s). A client that asks a follower (its leader was silent)
+/// ends the excuse: the followers stand as for an active leader, without SWIM's verdict (this
+/// harness has none). A live idle leader the client then reaches wakes
+/// up and is not deposed.
+#[test]
+fn a_client_at_a_follower_ends_the_excuse_for_an_idle_leaders_silence() {
+    let write = |req: u64| {
+        (
+            tag(req),
+            ClientOp::Put {
+                key: b"k".to_vec(),
+                value: req.to_le_bytes().to_vec(),
+            },
+        )
+    };
+    for seed in seeds(20) {
+        // A dead idle leader: the follower the client asks stands `t_elect` after it last heard
+        // the leader but no sooner than a heartbeat (100 ms) from now, plus jitter (100 ms):
+        // with the round, well under 450 ms (without the rule: about 800 ms here).
+        let mut group = Group::new(3, seed);
+        group.run(Duration::from_secs(3));
+        let first = group.leader().unwrap();
+        group.crash(first);
+        let follower = (first + 1) % 3;
+        let crashed_at = group.now;
+        let (t, op) = write(1);
+        group.client(follower, t, op);
+        while group.leader().is_none() && group.now - crashed_at < Duration::from_secs(2) {
+            group.run(Duration::from_millis(10));
+        }
+        let took = group.now - crashed_at;
+        assert!(
+            group.leader().is_some() && took <= Duration::from_millis(450),
+            "new leader after {took:?}, seed {seed}"
+        );
+
+        // A live idle leader: the client is told `moved`, goes to it, and it keeps leading.
+        let mut group = Group::new(3, seed);
+        group.run(Duration::from_secs(3));
+        let leader = group.leader().unwrap();
+        let ballot = group.replicas[leader]
+            .as_ref()
+            .unwrap()
+            .established_ballot()
+            .cloned();
+        let (t, op) = write(1);
+        group.client((leader + 1) % 3, t, op);
+        assert!(matches!(
+            group.replies.get(&tag(1)),
+            Some(ClientReply::Moved { .. })
+        ));
+        let (t, op) = write(2);
+        group.client(leader, t, op);
+        group.run(Duration::from_secs(2));
+        assert_eq!(
+            group.replies.get(&tag(2)),
+            Some(&ClientReply::Ok { value: None })
+        );
+        assert_eq!(group.leader(), Some(leader), "seed {seed}");
+        assert_eq!(
+            group.replicas[leader]
+                .as_ref()
+                .unwrap()
+                .established_ballot()
+                .cloned(),
+            ballot,
+            "seed {seed}"
+        );
+    }
+}
