@@ -186,6 +186,15 @@ pub enum Event {
     MemberUp(Identity),
     /// A member was declared down.
     MemberDown(Identity),
+    /// An active member came back as a new life (a restart, a new generation or address)
+    /// without having been seen down. When the new life's liveness differs from the old
+    /// one's, `MemberUp` or `MemberDown` reports it instead.
+    MemberRenewed {
+        /// The life it replaced.
+        before: Identity,
+        /// The new life.
+        after: Identity,
+    },
     /// A member left gracefully.
     MemberLeft(Identity),
     /// The shard table changed.
@@ -281,6 +290,9 @@ pub struct Cluster {
     digest: TableDigest,
     /// Members that said they leave, with the generation that left.
     left: BTreeMap<NodeId, u64>,
+    /// The life of each member SWIM last reported up (`MemberUp`, or a rename of an active
+    /// life), until it reports that member down: tells a restart from a return.
+    active_lives: BTreeMap<NodeId, Identity>,
     seeds: Vec<Identity>,
     joined: bool,
     next_announce: Option<Duration>,
@@ -359,6 +371,7 @@ impl Cluster {
             digest,
             left: BTreeMap::new(),
             seeds: Vec::new(),
+            active_lives: BTreeMap::new(),
             joined: false,
             next_announce: None,
             next_request: 0,
@@ -871,9 +884,12 @@ impl Cluster {
                 } else {
                     self.left.remove(&member.node_id);
                 }
+                self.active_lives
+                    .insert(member.node_id.clone(), member.clone());
                 self.events.push_back(Event::MemberUp(member));
             }
             OwnedNotification::MemberDown(member) => {
+                self.active_lives.remove(&member.node_id);
                 self.transmits
                     .push_back(Transmit::Forget { to: member.addr });
                 if self.left.get(&member.node_id) == Some(&member.generation) {
@@ -893,7 +909,18 @@ impl Cluster {
                         node: after.node_id.clone(),
                     });
                 }
-                self.events.push_back(Event::MemberUp(after));
+                // foca follows a rename with `MemberUp` or `MemberDown` of the new life when its
+                // liveness differs from the old one's. Otherwise both lives are active (a
+                // restart nobody saw as down: worth a line of its own) or both are down
+                // (nothing to say).
+                let was_active = self.active_lives.get(&before.node_id) == Some(&before);
+                let is_active = self.foca.iter_members().any(|member| member.id() == &after);
+                if was_active && is_active {
+                    self.active_lives
+                        .insert(after.node_id.clone(), after.clone());
+                    self.events
+                        .push_back(Event::MemberRenewed { before, after });
+                }
             }
             OwnedNotification::Active => {
                 if !self.joined {

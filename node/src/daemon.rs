@@ -761,6 +761,9 @@ impl NodeLoop {
                 Event::MemberUp(member) => {
                     info!(member = %member.node_id, addr = %member.addr, generation = member.generation, "member up");
                 }
+                Event::MemberRenewed { before, after } => {
+                    info!(member = %after.node_id, addr = %after.addr, generation = after.generation, previous_generation = before.generation, "member restarted");
+                }
                 Event::MemberDown(member) => {
                     warn!(member = %member.node_id, generation = member.generation, "member down");
                 }

@@ -407,3 +407,51 @@ fn net_identity(index: usize) -> cluster::Identity {
         meta: cluster::NodeMeta::default(),
     }
 }
+
+/// A node that restarts before anyone declares it down is reported once, as a restart
+/// (`MemberRenewed`), never as a second `MemberUp` of a member already up; one declared down
+/// first is reported down, then up. Either way the reports alternate and end with the new
+/// life up.
+#[test]
+fn a_restart_is_reported_once_as_a_restart_or_as_down_then_up() {
+    for seed in seeds(10) {
+        for (case, gap) in [("quick", Duration::ZERO), ("slow", 3 * SECOND)] {
+            let mut net = five_nodes(seed);
+            let marks: Vec<usize> = net.slots.iter().map(|slot| slot.events.len()).collect();
+            net.crash(2);
+            let now = net.now;
+            net.run_until(now + gap);
+            net.start(2, Some(0)).unwrap();
+            let now = net.now;
+            net.run_until(now + 3 * SECOND);
+            for index in [0, 1, 3, 4] {
+                let reports: Vec<(bool, u64)> = net.slots[index].events[marks[index]..]
+                    .iter()
+                    .filter_map(|(_, event)| match event {
+                        cluster::Event::MemberUp(who) if who.node_id.as_str() == "n2" => {
+                            Some((true, who.generation))
+                        }
+                        cluster::Event::MemberRenewed { after, .. }
+                            if after.node_id.as_str() == "n2" =>
+                        {
+                            Some((true, after.generation))
+                        }
+                        cluster::Event::MemberDown(who) if who.node_id.as_str() == "n2" => {
+                            Some((false, who.generation))
+                        }
+                        _ => None,
+                    })
+                    .collect();
+                let hint = net.replay_hint("restart reports");
+                let expected: &[&[(bool, u64)]] = &[&[(true, 2)], &[(false, 1), (true, 2)]];
+                assert!(
+                    expected.contains(&reports.as_slice()),
+                    "{case}: node {index} reported {reports:?}; {hint}"
+                );
+                if case == "slow" {
+                    assert_eq!(reports, vec![(false, 1), (true, 2)], "{hint}");
+                }
+            }
+        }
+    }
+}
