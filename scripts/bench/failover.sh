@@ -239,8 +239,16 @@ restart_victim() {
 DOWN=() ELECT=() WRITE=() AGAIN=() OTHER=() HIT=()
 retries=0
 for ((round = 1; round <= ROUNDS; round++)); do
-    leaders=$(actual_leaders)
-    victim=$(awk -v s="$SHARD" '$1 == s { print $2; exit }' <<<"$leaders")
+    # A restarted node takes its shards back by handoffs for a while after it is settled: the
+    # moment between two leaders is not a failure, so look again for up to DEADLINE_SECONDS.
+    looked=$(now_ms)
+    while
+        leaders=$(actual_leaders)
+        victim=$(awk -v s="$SHARD" '$1 == s { print $2; exit }' <<<"$leaders")
+        [[ -z $victim ]] && (($(now_ms) - looked < DEADLINE_SECONDS * 1000))
+    do
+        sleep 0.2
+    done
     [[ -n $victim ]] || { echo "round $round: no node leads shard $SHARD" >&2; exit 1; }
     seed=0
     ((seed == victim)) && seed=1
