@@ -37,6 +37,15 @@ pub const ALPN: &[u8] = b"slotring/1";
 const INBOUND_CAPACITY: usize = 1024;
 /// How many bytes of received datagrams a connection buffers before dropping the oldest.
 const DATAGRAM_RECEIVE_BUFFER: usize = 1024 * 1024;
+/// How long one attempt to connect may take before it is given up, so that the next send
+/// starts a fresh one. Without it an attempt started while a peer was unreachable (a
+/// partition) retransmits with exponential backoff until the idle timeout, and a peer that
+/// is back is reached only at the next backoff step, seconds later.
+const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(1);
+/// The round-trip time QUIC assumes before it has measured one. RFC 9002's 333 ms suits the
+/// open internet; a cluster's members sit in one network, where it only slows down the
+/// retransmission of a lost handshake packet (its first timeout is three times this).
+const INITIAL_RTT: Duration = Duration::from_millis(50);
 
 /// Connection close code: a normal close (shutdown, forgotten).
 const CLOSE_NORMAL: VarInt = VarInt::from_u32(0);
@@ -829,6 +838,7 @@ fn transport_config(limits: &Limits) -> Result<Arc<TransportConfig>, BindError> 
     let mut transport = TransportConfig::default();
     transport
         .max_idle_timeout(Some(idle))
+        .initial_rtt(INITIAL_RTT)
         .keep_alive_interval((!limits.keep_alive.is_zero()).then_some(limits.keep_alive))
         .max_concurrent_bidi_streams(VarInt::from_u32(limits.max_concurrent_bidi_streams))
         .max_concurrent_uni_streams(VarInt::from_u32(0))
@@ -873,8 +883,11 @@ async fn connect_task(inner: Weak<Inner>, quinn: quinn::Endpoint, to: SocketAddr
         let connecting = quinn
             .connect(to, NODE_SERVER_NAME)
             .map_err(|error| ConnectFailure::Connect(error.to_string()))?;
-        let conn = connecting
+        let conn = tokio::time::timeout(HANDSHAKE_TIMEOUT, connecting)
             .await
+            .map_err(|_| {
+                ConnectFailure::Connect(format!("no handshake within {HANDSHAKE_TIMEOUT:?}"))
+            })?
             .map_err(|error| ConnectFailure::from_connection_error(&error))?;
         match peer_identity(&conn) {
             Ok(PeerIdentity::Node(node)) => Ok((conn, node)),

@@ -64,7 +64,12 @@ impl Certs {
     /// Binds node `name` and answers every request with `"<from>:<body>"`; a body of
     /// `drop` is dropped unanswered.
     pub(crate) fn echo(&self, name: &str, limits: Limits) -> Endpoint {
-        let (endpoint, inbound) = self.bind(name, limits);
+        self.echo_at(name, limits, loopback())
+    }
+
+    /// [`echo`](Self::echo), listening on `addr`.
+    pub(crate) fn echo_at(&self, name: &str, limits: Limits, addr: SocketAddr) -> Endpoint {
+        let (endpoint, inbound) = Endpoint::bind(addr, self.node(name), limits).expect("bind");
         tokio::spawn(echo(inbound));
         endpoint
     }

@@ -175,3 +175,38 @@ async fn a_deadline_while_connecting_means_nothing_was_sent() {
     assert!(matches!(error, RequestError::Connect { .. }), "{error}");
     assert!(error.nothing_sent(), "{error}");
 }
+
+/// A connection attempt to an address where nothing answers (a peer cut off by a partition)
+/// is given up after a second, not at the request's deadline or the idle timeout, so the
+/// next request starts a fresh attempt; once a node listens there, that attempt reaches it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unanswered_handshake_is_given_up_and_the_next_request_starts_afresh() {
+    let certs = Certs::new();
+    let (n1, _n1_inbound) = certs.bind("n1", Limits::default());
+    // Takes packets and never answers.
+    let silent = std::net::UdpSocket::bind("127.0.0.1:0").expect("bind");
+    let to = silent.local_addr().expect("addr");
+    let started = std::time::Instant::now();
+    let error = n1
+        .request(to, None, Bytes::from("ping"), Duration::from_secs(8))
+        .await
+        .expect_err("nothing answers");
+    let took = started.elapsed();
+    assert!(
+        matches!(&error, RequestError::Connect { reason, .. } if reason.contains("no handshake")),
+        "{error}"
+    );
+    assert!(
+        took < Duration::from_secs(4),
+        "gave up after {took:?}, not within about a second"
+    );
+    assert!(error.nothing_sent());
+    // A node now listens at that address: the next request connects afresh and is answered.
+    drop(silent);
+    let n0 = certs.echo_at("n0", Limits::default(), to);
+    let response = n1
+        .request(n0.local_addr(), None, Bytes::from("ping"), PATIENCE)
+        .await
+        .expect("a fresh attempt reaches the node");
+    assert_eq!(response.as_ref(), b"n1:ping");
+}
