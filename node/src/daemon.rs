@@ -628,6 +628,17 @@ impl NodeLoop {
                     debug!(%from, %error, "datagram dropped");
                 }
             }
+            Inbound::Message { from, body, .. } => match wire::decode::<Request>(&body) {
+                Ok(request @ Request::Replicate(_)) => {
+                    if let Response::Refused { reason } =
+                        self.core.handle_request(now, Some(&from), request)
+                    {
+                        debug!(%from, %reason, "replication messages refused");
+                    }
+                }
+                Ok(other) => debug!(%from, ?other, "only replication travels as a message"),
+                Err(error) => debug!(%from, %error, "bad message"),
+            },
             Inbound::Request {
                 from,
                 body,
@@ -730,16 +741,14 @@ impl NodeLoop {
                     }
                 }
                 Transmit::Replicate { to, node, batch } => {
-                    let endpoint = self.endpoint.clone();
+                    // One way: the peer's replicas answer with messages of their own.
                     let body = Bytes::from(wire::encode(&Request::Replicate(batch)));
-                    tokio::spawn(async move {
-                        if let Err(error) = endpoint
-                            .request(to, Some(&node), body, PEER_REQUEST_TIMEOUT)
-                            .await
-                        {
-                            debug!(%node, %error, "replication messages not delivered");
-                        }
-                    });
+                    if let Err(error) =
+                        self.endpoint
+                            .send_message(to, &node, body, PEER_REQUEST_TIMEOUT)
+                    {
+                        debug!(%node, %error, "replication messages not sent");
+                    }
                 }
                 Transmit::Connect { to, node } => self.endpoint.connect_ahead(to, node),
                 Transmit::Forget { to } => self.endpoint.forget(to),

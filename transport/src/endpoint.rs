@@ -77,6 +77,17 @@ pub enum Inbound {
         /// Sends the one response; dropping it resets the stream.
         responder: Responder,
     },
+    /// A one-way message frame from a node, on a unidirectional stream of its own (see
+    /// [`Endpoint::send_message`]); nothing goes back. Messages from the client identity are
+    /// refused.
+    Message {
+        /// The sending node, as its certificate names it.
+        from: NodeId,
+        /// The connection's remote address.
+        addr: SocketAddr,
+        /// The message body, uninterpreted, at most [`Limits::max_frame_bytes`] long.
+        body: Bytes,
+    },
 }
 
 /// The way back to one requester. [`Responder::respond`] sends the response; dropping a
@@ -154,6 +165,9 @@ pub struct Stats {
     /// Datagrams dropped: received while the inbound channel was full or from the client,
     /// or queued for a peer that could not be reached or was full.
     pub dropped_datagrams: u64,
+    /// Messages ([`Endpoint::send_message`]) not delivered: no connection in time, a lost
+    /// connection or a refused stream; and incoming ones from the client identity.
+    pub dropped_messages: u64,
 }
 
 #[derive(Debug, Default)]
@@ -163,6 +177,7 @@ struct Counters {
     failed_handshakes: AtomicU64,
     refused_frames: AtomicU64,
     dropped_datagrams: AtomicU64,
+    dropped_messages: AtomicU64,
 }
 
 impl Counters {
@@ -576,6 +591,62 @@ impl Endpoint {
         }
     }
 
+    /// Sends `body` to the node `expected` at `to` as one frame on a unidirectional stream of
+    /// its own, and returns at once: the connecting, the stream and the write run on a task
+    /// of the endpoint's runtime. Nothing comes back, not even an acknowledgement of
+    /// delivery; a failure (no connection within `timeout`, a lost connection, a refused
+    /// stream) is logged at debug and counted in [`Stats::dropped_messages`]. Unlike a
+    /// datagram a message may be as long as [`Limits::max_frame_bytes`] and is retransmitted
+    /// by QUIC until delivered or the connection is lost; unlike a request it costs no
+    /// response. Two messages may arrive in either order.
+    pub fn send_message(
+        &self,
+        to: SocketAddr,
+        expected: &NodeId,
+        body: Bytes,
+        timeout: Duration,
+    ) -> Result<(), RequestError> {
+        let max = self.inner.limits.max_frame_bytes;
+        if u32::try_from(body.len()).map_or(true, |len| len > max) {
+            return Err(RequestError::FrameTooLarge {
+                len: body.len(),
+                max,
+            });
+        }
+        if self.inner.is_closed() {
+            return Err(RequestError::EndpointClosed);
+        }
+        let endpoint = self.clone();
+        let expected = expected.clone();
+        self.inner.runtime.spawn(async move {
+            let sent = tokio::time::timeout(timeout, async {
+                let conn = endpoint.connection(to, Some(&expected)).await?;
+                let mut send = conn
+                    .open_uni()
+                    .await
+                    .map_err(|error| lost_to_request_error(to, &error))?;
+                write_frame(&mut send, body)
+                    .await
+                    .map_err(|error| RequestError::Stream {
+                        addr: to,
+                        reason: error.to_string(),
+                    })?;
+                // Finishing a stream the peer already stopped fails; nothing to report then.
+                let _ = send.finish();
+                Ok::<(), RequestError>(())
+            })
+            .await;
+            let failure = match sent {
+                Ok(Ok(())) => return,
+                Ok(Err(error)) => error.to_string(),
+                Err(_) => format!("not sent within {timeout:?}"),
+            };
+            debug!(peer = %to, node = %expected, %failure, "message not delivered");
+            Counters::add(&endpoint.inner.counters.dropped_messages, 1);
+        });
+        Ok(())
+    }
+
     /// How many cached outgoing connections are established and open.
     pub fn connected_peers(&self) -> usize {
         self.inner
@@ -594,6 +665,7 @@ impl Endpoint {
             failed_handshakes: counters.failed_handshakes.load(Ordering::Relaxed),
             refused_frames: counters.refused_frames.load(Ordering::Relaxed),
             dropped_datagrams: counters.dropped_datagrams.load(Ordering::Relaxed),
+            dropped_messages: counters.dropped_messages.load(Ordering::Relaxed),
         }
     }
 
@@ -841,7 +913,7 @@ fn transport_config(limits: &Limits) -> Result<Arc<TransportConfig>, BindError> 
         .initial_rtt(INITIAL_RTT)
         .keep_alive_interval((!limits.keep_alive.is_zero()).then_some(limits.keep_alive))
         .max_concurrent_bidi_streams(VarInt::from_u32(limits.max_concurrent_bidi_streams))
-        .max_concurrent_uni_streams(VarInt::from_u32(0))
+        .max_concurrent_uni_streams(VarInt::from_u32(limits.max_concurrent_bidi_streams))
         .datagram_receive_buffer_size(Some(DATAGRAM_RECEIVE_BUFFER));
     Ok(Arc::new(transport))
 }
@@ -1081,7 +1153,63 @@ async fn serve(
             ));
         }
     };
-    tokio::join!(datagrams, streams);
+    let messages = async {
+        while let Ok(recv) = conn.accept_uni().await {
+            runtime.spawn(message_task(
+                recv,
+                identity.clone(),
+                addr,
+                inbound.clone(),
+                limits.clone(),
+                counters.clone(),
+            ));
+        }
+    };
+    tokio::join!(datagrams, streams, messages);
+}
+
+/// Reads one message frame from a unidirectional stream and hands it to the node.
+async fn message_task(
+    mut recv: quinn::RecvStream,
+    from: PeerIdentity,
+    addr: SocketAddr,
+    inbound: mpsc::Sender<Inbound>,
+    limits: Limits,
+    counters: Arc<Counters>,
+) {
+    let max = limits.max_frame_bytes;
+    let PeerIdentity::Node(from) = from else {
+        // Only nodes send messages; a client has no business here.
+        Counters::add(&counters.dropped_messages, 1);
+        let _ = recv.stop(CODE_BAD_FRAME);
+        return;
+    };
+    let read = tokio::time::timeout(limits.idle_timeout, read_frame(&mut recv, max)).await;
+    let (code, problem) = match read {
+        Ok(Ok(body)) => {
+            // If the node is gone, the message goes with it, as it would have in flight.
+            let _ = inbound.send(Inbound::Message { from, addr, body }).await;
+            return;
+        }
+        Ok(Err(ReadFrameError::TooLarge { len })) => (
+            CODE_FRAME_TOO_LARGE,
+            format!("frame of {len} bytes exceeds the limit of {max} bytes"),
+        ),
+        Ok(Err(ReadFrameError::FinishedEarly)) => {
+            (CODE_BAD_FRAME, "stream ended inside a frame".to_owned())
+        }
+        Ok(Err(ReadFrameError::Read(error))) => {
+            debug!(peer = %addr, %error, "message stream failed");
+            return;
+        }
+        Err(_) => (
+            CODE_BAD_FRAME,
+            format!("no whole frame within {:?}", limits.idle_timeout),
+        ),
+    };
+    debug!(peer = %addr, %from, %problem, "message frame refused");
+    Counters::add(&counters.refused_frames, 1);
+    let _ = recv.stop(code);
 }
 
 #[allow(clippy::too_many_arguments)]

@@ -14,14 +14,18 @@ pub struct Limits {
     /// Default 4 MiB. A peer announcing a longer frame has its stream reset before anything
     /// is allocated; sending a longer one fails locally. Raise it only together with the
     /// largest message the node sends (snapshot chunks): every accepted frame is held in
-    /// memory whole, up to `max_frame_bytes * max_concurrent_bidi_streams` per connection.
+    /// memory whole, up to `2 * max_frame_bytes * max_concurrent_bidi_streams` per connection
+    /// (request and message streams).
     pub max_frame_bytes: u32,
     /// How many request streams one peer may have open to this endpoint at once, per
-    /// connection.
+    /// connection; also how many message streams ([`Endpoint::send_message`]).
     ///
     /// Default 256. Enforced by QUIC flow control: a peer beyond it waits for a stream, it
     /// is not refused. A stream counts until its [`Responder`](crate::Responder) answers or
-    /// is dropped, so this also bounds unanswered requests per peer.
+    /// is dropped (a message stream: until its frame is read), so this also bounds
+    /// unanswered requests per peer.
+    ///
+    /// [`Endpoint::send_message`]: crate::Endpoint::send_message
     pub max_concurrent_bidi_streams: u32,
     /// How many incoming connections, handshaking or established, this endpoint holds at
     /// once.

@@ -4,6 +4,7 @@ mod common;
 mod datagrams;
 mod frames;
 mod limits;
+mod messages;
 mod pki;
 mod refusals;
 mod requests;
