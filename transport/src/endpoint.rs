@@ -1177,20 +1177,32 @@ async fn message_task(
     limits: Limits,
     counters: Arc<Counters>,
 ) {
-    let max = limits.max_frame_bytes;
     let PeerIdentity::Node(from) = from else {
         // Only nodes send messages; a client has no business here.
         Counters::add(&counters.dropped_messages, 1);
         let _ = recv.stop(CODE_BAD_FRAME);
         return;
     };
-    let read = tokio::time::timeout(limits.idle_timeout, read_frame(&mut recv, max)).await;
+    if let Ok(body) = read_incoming_frame(&mut recv, &limits, addr, &counters).await {
+        // If the node is gone, the message goes with it, as it would have in flight.
+        let _ = inbound.send(Inbound::Message { from, addr, body }).await;
+    }
+}
+
+/// Reads the one frame of an incoming stream, within the idle timeout. A frame that is too
+/// long, cut short or too slow is refused: counted, logged at debug, the stream stopped, and
+/// the reason's code returned, for a request's response stream to be reset with it. A stream
+/// the peer reset, or a lost connection, has nothing to refuse (`Err(None)`).
+async fn read_incoming_frame(
+    recv: &mut quinn::RecvStream,
+    limits: &Limits,
+    addr: SocketAddr,
+    counters: &Counters,
+) -> Result<Bytes, Option<VarInt>> {
+    let max = limits.max_frame_bytes;
+    let read = tokio::time::timeout(limits.idle_timeout, read_frame(recv, max)).await;
     let (code, problem) = match read {
-        Ok(Ok(body)) => {
-            // If the node is gone, the message goes with it, as it would have in flight.
-            let _ = inbound.send(Inbound::Message { from, addr, body }).await;
-            return;
-        }
+        Ok(Ok(body)) => return Ok(body),
         Ok(Err(ReadFrameError::TooLarge { len })) => (
             CODE_FRAME_TOO_LARGE,
             format!("frame of {len} bytes exceeds the limit of {max} bytes"),
@@ -1199,17 +1211,19 @@ async fn message_task(
             (CODE_BAD_FRAME, "stream ended inside a frame".to_owned())
         }
         Ok(Err(ReadFrameError::Read(error))) => {
-            debug!(peer = %addr, %error, "message stream failed");
-            return;
+            debug!(peer = %addr, %error, "incoming stream failed");
+            return Err(None);
         }
         Err(_) => (
             CODE_BAD_FRAME,
             format!("no whole frame within {:?}", limits.idle_timeout),
         ),
     };
-    debug!(peer = %addr, %from, %problem, "message frame refused");
+    debug!(peer = %addr, %problem, "frame refused");
     Counters::add(&counters.refused_frames, 1);
+    // Already closed is fine: the peer gave up on the stream itself.
     let _ = recv.stop(code);
+    Err(Some(code))
 }
 
 #[allow(clippy::too_many_arguments)]
@@ -1223,49 +1237,31 @@ async fn request_task(
     counters: Arc<Counters>,
     runtime: Handle,
 ) {
-    let max = limits.max_frame_bytes;
-    let read = tokio::time::timeout(limits.idle_timeout, read_frame(&mut recv, max)).await;
-    let (code, problem) = match read {
-        Ok(Ok(body)) => {
-            let responder = Responder {
-                send: Some(send),
-                max_frame_bytes: max,
-                runtime,
-                peer: addr,
-            };
-            let item = Inbound::Request {
-                from,
-                addr,
-                body,
-                responder,
-            };
-            // If the node is gone, the responder is dropped with the item: the stream is
-            // reset and the requester told.
-            let _ = inbound.send(item).await;
+    let body = match read_incoming_frame(&mut recv, &limits, addr, &counters).await {
+        Ok(body) => body,
+        Err(refused) => {
+            if let Some(code) = refused {
+                // Already closed is fine: the peer gave up on the stream itself.
+                let _ = send.reset(code);
+            }
             return;
         }
-        Ok(Err(ReadFrameError::TooLarge { len })) => (
-            CODE_FRAME_TOO_LARGE,
-            format!("frame of {len} bytes exceeds the limit of {max} bytes"),
-        ),
-        Ok(Err(ReadFrameError::FinishedEarly)) => {
-            (CODE_BAD_FRAME, "stream ended inside a frame".to_owned())
-        }
-        Ok(Err(ReadFrameError::Read(error))) => {
-            // The peer reset the stream or the connection is gone: nothing to refuse.
-            debug!(peer = %addr, %error, "request stream failed");
-            return;
-        }
-        Err(_) => (
-            CODE_BAD_FRAME,
-            format!("no whole frame within {:?}", limits.idle_timeout),
-        ),
     };
-    debug!(peer = %addr, %from, %problem, "request frame refused");
-    Counters::add(&counters.refused_frames, 1);
-    // Already closed is fine: the peer gave up on the stream itself.
-    let _ = recv.stop(code);
-    let _ = send.reset(code);
+    let responder = Responder {
+        send: Some(send),
+        max_frame_bytes: limits.max_frame_bytes,
+        runtime,
+        peer: addr,
+    };
+    let item = Inbound::Request {
+        from,
+        addr,
+        body,
+        responder,
+    };
+    // If the node is gone, the responder is dropped with the item: the stream is reset and
+    // the requester told.
+    let _ = inbound.send(item).await;
 }
 
 /// Writes the request and reads the response on a new stream of `conn`.
