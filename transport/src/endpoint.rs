@@ -561,16 +561,7 @@ impl Endpoint {
         body: Bytes,
         timeout: Duration,
     ) -> Result<Bytes, RequestError> {
-        let max = self.inner.limits.max_frame_bytes;
-        if u32::try_from(body.len()).map_or(true, |len| len > max) {
-            return Err(RequestError::FrameTooLarge {
-                len: body.len(),
-                max,
-            });
-        }
-        if self.inner.is_closed() {
-            return Err(RequestError::EndpointClosed);
-        }
+        self.check_outgoing(&body)?;
         let deadline = tokio::time::Instant::now() + timeout;
         // A deadline that passes while connecting means nothing was sent.
         let conn = match tokio::time::timeout_at(deadline, self.connection(to, expected)).await {
@@ -582,7 +573,12 @@ impl Endpoint {
                 });
             }
         };
-        match tokio::time::timeout_at(deadline, exchange(&conn, to, body, max)).await {
+        match tokio::time::timeout_at(
+            deadline,
+            exchange(&conn, to, body, self.inner.limits.max_frame_bytes),
+        )
+        .await
+        {
             Ok(result) => result,
             Err(_) => Err(RequestError::Timeout {
                 addr: to,
@@ -606,16 +602,7 @@ impl Endpoint {
         body: Bytes,
         timeout: Duration,
     ) -> Result<(), RequestError> {
-        let max = self.inner.limits.max_frame_bytes;
-        if u32::try_from(body.len()).map_or(true, |len| len > max) {
-            return Err(RequestError::FrameTooLarge {
-                len: body.len(),
-                max,
-            });
-        }
-        if self.inner.is_closed() {
-            return Err(RequestError::EndpointClosed);
-        }
+        self.check_outgoing(&body)?;
         let endpoint = self.clone();
         let expected = expected.clone();
         self.inner.runtime.spawn(async move {
@@ -644,6 +631,22 @@ impl Endpoint {
             debug!(peer = %to, node = %expected, %failure, "message not delivered");
             Counters::add(&endpoint.inner.counters.dropped_messages, 1);
         });
+        Ok(())
+    }
+
+    /// Refuses a frame longer than [`Limits::max_frame_bytes`], or any frame once the endpoint
+    /// is closed, before anything is sent.
+    fn check_outgoing(&self, body: &Bytes) -> Result<(), RequestError> {
+        let max = self.inner.limits.max_frame_bytes;
+        if u32::try_from(body.len()).map_or(true, |len| len > max) {
+            return Err(RequestError::FrameTooLarge {
+                len: body.len(),
+                max,
+            });
+        }
+        if self.inner.is_closed() {
+            return Err(RequestError::EndpointClosed);
+        }
         Ok(())
     }
 
