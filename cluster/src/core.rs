@@ -68,6 +68,11 @@ pub struct Config {
     pub max_health_score: u32,
     /// How long a down member is remembered (and listed). Default 1 h.
     pub remove_down_after: Duration,
+    /// How often this node announces itself to one member it holds down, so that the two
+    /// sides of a healed partition, each holding the other down, find each other again
+    /// (nothing else talks to a down member). Default 1 s: one small datagram a second while
+    /// any member is down.
+    pub announce_to_down_interval: Duration,
     /// The largest SWIM packet; must fit a QUIC datagram (about 1,200 bytes). Default 1,100.
     pub max_packet_size: NonZeroUsize,
     /// The shard replicas' timing and sizes.
@@ -94,6 +99,7 @@ impl Default for Config {
             stall_grace: Duration::from_millis(50),
             max_health_score: 4,
             remove_down_after: Duration::from_secs(3600),
+            announce_to_down_interval: Duration::from_secs(1),
             max_packet_size: nonzero(1100),
             replica: ReplicaConfig::default(),
             max_value_len: 1 << 20,
@@ -117,7 +123,7 @@ impl Config {
                 num_members: NonZeroUsize::MIN,
             }),
             periodic_announce_to_down_members: Some(foca::PeriodicParams {
-                frequency: Duration::from_secs(30),
+                frequency: self.announce_to_down_interval,
                 num_members: NonZeroUsize::MIN,
             }),
             periodic_gossip: Some(foca::PeriodicParams {

@@ -442,7 +442,7 @@ fn a_restart_is_reported_once_as_a_restart_or_as_down_then_up() {
                         _ => None,
                     })
                     .collect();
-                let hint = net.replay_hint("restart reports");
+                let hint = net.replay_hint("a_restart_is_reported");
                 let expected: &[&[(bool, u64)]] = &[&[(true, 2)], &[(false, 1), (true, 2)]];
                 assert!(
                     expected.contains(&reports.as_slice()),
@@ -453,5 +453,37 @@ fn a_restart_is_reported_once_as_a_restart_or_as_down_then_up() {
                 }
             }
         }
+    }
+}
+
+/// A partition where neither side is alone (2 | 3) heals without anyone restarting: each side
+/// holds the other down, and nothing but the periodic announcement to down members talks
+/// across (`Config::announce_to_down_interval`, 1 s; it was 30 s). Within a few seconds of
+/// the heal every node lists every other alive.
+#[test]
+fn a_healed_split_with_no_lonely_side_rejoins_within_seconds() {
+    for seed in seeds(10) {
+        let mut net = five_nodes(seed);
+        net.cut = Some(vec![0, 1]);
+        let now = net.now;
+        net.run_until(now + 5 * SECOND);
+        let hint = net.replay_hint("healed_split");
+        assert!(
+            net.listed(0, "down").iter().any(|name| name == "n3"),
+            "the split was seen: {:?}; {hint}",
+            net.core(0).members()
+        );
+        net.cut = None;
+        let healed = net.now;
+        let all_alive = |net: &Net| (0..5).all(|index| net.listed(index, "alive").len() == 5);
+        while !all_alive(&net) && net.now - healed < 30 * SECOND {
+            let now = net.now;
+            net.run_until(now + Duration::from_millis(50));
+        }
+        let took = net.now - healed;
+        assert!(
+            all_alive(&net) && took <= 4 * SECOND,
+            "every node lists every other alive {took:?} after the heal; {hint}"
+        );
     }
 }

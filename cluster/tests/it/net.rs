@@ -80,6 +80,9 @@ pub(crate) struct Net {
     pub(crate) spec: ClusterSpec,
     /// Datagrams refused by a core, per receiver.
     pub(crate) refused: BTreeMap<usize, usize>,
+    /// A partition: the nodes on this side and the others cannot reach each other (datagrams
+    /// and requests between the sides are lost).
+    pub(crate) cut: Option<Vec<usize>>,
 }
 
 impl Net {
@@ -93,7 +96,15 @@ impl Net {
             sequence: 0,
             spec: spec(),
             refused: BTreeMap::new(),
+            cut: None,
         }
+    }
+
+    /// Whether the partition (`cut`) separates nodes `a` and `b`.
+    fn separated(&self, a: usize, b: usize) -> bool {
+        self.cut
+            .as_ref()
+            .is_some_and(|side| side.contains(&a) != side.contains(&b))
     }
 
     fn identity(&self, index: usize, generation: u64, spec: &ClusterSpec) -> Identity {
@@ -290,6 +301,12 @@ impl Net {
             };
             match transmit {
                 Transmit::Datagram { to, payload, .. } => {
+                    if self
+                        .index_of(to)
+                        .is_some_and(|target| self.separated(index, target))
+                    {
+                        continue;
+                    }
                     if std::env::var("SLOTRING_TRACE").is_ok() {
                         use foca::Codec;
                         if let Ok(header) = Codec::<Identity>::decode_header(
@@ -331,7 +348,9 @@ impl Net {
                 } => {
                     let answer = match self.index_of(to) {
                         Some(target)
-                            if self.slots[target].core.is_some() && !self.slots[target].paused =>
+                            if self.slots[target].core.is_some()
+                                && !self.slots[target].paused
+                                && !self.separated(index, target) =>
                         {
                             let core = self.slots[target].core.as_mut().unwrap();
                             let answer = core.handle_request(now, Some(&name(index)), request);
@@ -347,6 +366,7 @@ impl Net {
                 Transmit::Replicate { to, batch, .. } => {
                     if let Some(target) = self.index_of(to)
                         && !self.slots[target].paused
+                        && !self.separated(index, target)
                         && let Some(core) = self.slots[target].core.as_mut()
                     {
                         let request = Request::Replicate(batch);
