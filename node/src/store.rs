@@ -537,17 +537,23 @@ impl<'txn> Tables<'txn> {
             }
         }
         for (key, value) in writes {
-            match value {
-                Some(value) => {
-                    self.kv.insert((shard, key), value)?;
-                }
-                None => {
-                    self.kv.remove((shard, key))?;
-                }
-            }
+            self.write_kv(shard, key, value)?;
         }
         let row = encode(&cursor.row)?;
         self.shards.insert(shard, row.as_slice())?;
+        Ok(())
+    }
+
+    /// Sets `key` of `shard` to `value`, or removes it (`None`).
+    fn write_kv(&mut self, shard: u16, key: &[u8], value: Option<&[u8]>) -> Result<()> {
+        match value {
+            Some(value) => {
+                self.kv.insert((shard, key), value)?;
+            }
+            None => {
+                self.kv.remove((shard, key))?;
+            }
+        }
         Ok(())
     }
 
@@ -567,14 +573,7 @@ impl<'txn> Tables<'txn> {
             Change::Append(entries) => self.append(shard, cursor, entries)?,
             Change::Applied { index, writes } => {
                 for (key, value) in writes {
-                    match value {
-                        Some(value) => {
-                            self.kv.insert((shard, key.as_slice()), value.as_slice())?;
-                        }
-                        None => {
-                            self.kv.remove((shard, key.as_slice()))?;
-                        }
-                    }
+                    self.write_kv(shard, key, value.as_deref())?;
                 }
                 cursor.row.applied = *index;
             }

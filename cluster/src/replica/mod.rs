@@ -889,14 +889,11 @@ impl ShardReplica {
             return;
         }
         self.leader_idle = false;
-        let Some(rank) = self.rank() else {
-            return;
-        };
         let silent_since = self.last_heard.unwrap_or(now);
-        let from = (now + self.config.heartbeat).max(silent_since + self.config.t_elect);
-        let jitter = self.random_below(self.config.jitter);
-        let at = from + self.config.t_step * rank + jitter;
-        self.election_at = Some(self.election_at.map_or(at, |armed| armed.min(at)));
+        let earliest = (now + self.config.heartbeat).max(silent_since + self.config.t_elect);
+        if let Some(at) = self.ranked_election(earliest) {
+            self.election_at = Some(self.election_at.map_or(at, |armed| armed.min(at)));
+        }
     }
 
     /// A message from replica `from`, addressed to `to`.
@@ -1116,26 +1113,28 @@ impl ShardReplica {
     }
 
     fn arm_election(&mut self, now: Duration) {
-        self.election_at = match self.rank() {
-            Some(rank) => {
-                let from = self.last_heard.map_or(now, |heard| heard.max(now));
-                let jitter = self.random_below(self.config.jitter);
-                let leader_down = self
-                    .leader_hint
-                    .as_ref()
-                    .is_some_and(|leader| self.dead.contains(leader) && leader != &self.me.node);
-                let wait = if leader_down {
-                    // SWIM already waited: stand now, in rank order.
-                    Duration::ZERO
-                } else if self.leader_idle {
-                    self.config.t_elect + self.config.idle_heartbeat
-                } else {
-                    self.config.t_elect
-                };
-                Some(from + wait + self.config.t_step * rank + jitter)
-            }
-            None => None,
+        let from = self.last_heard.map_or(now, |heard| heard.max(now));
+        let leader_down = self
+            .leader_hint
+            .as_ref()
+            .is_some_and(|leader| self.dead.contains(leader) && leader != &self.me.node);
+        let wait = if leader_down {
+            // SWIM already waited: stand now, in rank order.
+            Duration::ZERO
+        } else if self.leader_idle {
+            self.config.t_elect + self.config.idle_heartbeat
+        } else {
+            self.config.t_elect
         };
+        self.election_at = self.ranked_election(from + wait);
+    }
+
+    /// When this replica stands if nobody is heard from before `earliest`: `earliest` plus
+    /// its rank's steps and jitter; `None` for a replica that never stands (not a voter).
+    fn ranked_election(&mut self, earliest: Duration) -> Option<Duration> {
+        let rank = self.rank()?;
+        let jitter = self.random_below(self.config.jitter);
+        Some(earliest + self.config.t_step * rank + jitter)
     }
 
     fn stand(&mut self, now: Duration, handoff_from: Option<Ballot>) {
