@@ -209,8 +209,12 @@ impl Durable {
                 self.kv.clear();
                 self.tombstone = Some(tombstone.clone());
             }
+            Change::Compact { base } if base.pos.index <= self.base.pos.index => {
+                // Compacted this far already (a store may compact further than the replica
+                // asked, see `Change::Compact`): nothing to drop, and the base stays.
+            }
             Change::Compact { base } => {
-                let drop = base.pos.index.saturating_sub(self.base.pos.index);
+                let drop = base.pos.index - self.base.pos.index;
                 let drop = usize::try_from(drop)
                     .unwrap_or(usize::MAX)
                     .min(self.log.len());
@@ -276,7 +280,9 @@ pub enum Change {
         writes: Vec<(Vec<u8>, Option<Vec<u8>>)>,
     },
     /// Log compaction: drop the entries up to `base.pos.index` (all applied) and start the
-    /// log after `base`. The key-value state does not change.
+    /// log after `base`. The key-value state does not change. A base at or below the current
+    /// one changes nothing: a store may keep its log compacted further than the replica's
+    /// own (up to the applied index), and compacting is only ever a loss of applied entries.
     Compact {
         /// The new base.
         base: Base,
@@ -1181,6 +1187,13 @@ impl ShardReplica {
             asked.insert(voter.node.clone());
             self.send(voter, prepare.clone(), true);
         }
+        tracing::debug!(
+            shard = self.shard,
+            b = %b.n,
+            handoff = handoff_from.is_some(),
+            voters = ?config.voters.iter().map(|v| v.node.to_string()).collect::<Vec<_>>(),
+            "standing"
+        );
         self.role = Role::Candidate(Candidate {
             b,
             commit_at_prepare: self.commit,
@@ -1350,6 +1363,14 @@ impl ShardReplica {
                 .insert(voter.node.clone(), candidate.commit_at_prepare + 1);
             leader.matched.insert(voter.node.clone(), 0);
         }
+        tracing::debug!(
+            shard = self.shard,
+            b = %b.n,
+            epoch = index,
+            adopted_from = %owner,
+            voters = ?voters.iter().map(|v| v.node.to_string()).collect::<Vec<_>>(),
+            "leading"
+        );
         self.role = Role::Leader(Box::new(leader));
         self.leader_hint = Some(self.me.node.clone());
         self.election_at = None;
@@ -2468,6 +2489,7 @@ impl ShardReplica {
         match std::mem::replace(&mut self.role, Role::Follower) {
             Role::Leader(leader) => {
                 let leader = *leader;
+                tracing::debug!(shard = self.shard, b = %leader.b.n, "stepping down");
                 for (_, tag) in leader.writes {
                     let reply = if self.mutations.moved_for_appended {
                         ClientReply::Moved {
@@ -2518,6 +2540,12 @@ impl ShardReplica {
         assert!(
             index >= self.durable.applied,
             "R4: an applied entry would be truncated"
+        );
+        tracing::debug!(
+            shard = self.shard,
+            after = index,
+            last = self.durable.last().index,
+            "truncating the log"
         );
         let keep = usize::try_from(index - self.durable.base.pos.index).unwrap_or(usize::MAX);
         self.durable.log.truncate(keep);
