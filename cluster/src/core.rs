@@ -1031,18 +1031,12 @@ impl Cluster {
             .table
             .shard_info(id)
             .map_err(|error| error.to_string())?;
-        let mut leader = info.leader().map(|node| self.node_ref(node));
-        let mut replicas: Vec<ReplicaView> = info
-            .replicas()
-            .enumerate()
-            .map(|(rank, node)| ReplicaView {
-                node: self.node_ref(node),
-                role: if rank == 0 { "leader" } else { "follower" }.to_owned(),
-                index: None,
-            })
-            .collect();
+        // Only a replica knows the shard's actual config; a node without one says so rather
+        // than present placement's wish as a leader and followers.
+        let mut leader = None;
+        let mut replicas: Vec<ReplicaView> = Vec::new();
         let mut state = if info.is_assigned() {
-            "stable"
+            "elsewhere"
         } else {
             "no-quorum"
         };
@@ -1078,9 +1072,11 @@ impl Cluster {
             replicas.sort_by_key(|view| view.role != "leader");
             epoch = replica.durable().promised.as_ref().map(ToString::to_string);
             commit = Some(replica.commit());
-            if hint.is_none() {
-                state = "no-quorum";
-            }
+            state = if hint.is_none() {
+                "no-quorum"
+            } else {
+                "stable"
+            };
         }
         Ok(ShardInfoView {
             shard: id.get(),

@@ -206,13 +206,16 @@ pub struct ShardDigest {
 pub struct ShardInfoView {
     /// The shard.
     pub shard: u16,
-    /// `stable`, or `no-quorum` when the cluster has no members.
+    /// As the answering node sees it: `stable` (its replica knows a leader), `no-quorum` (its
+    /// replica knows none, or the cluster has no members), or `elsewhere` (it holds no replica
+    /// of the shard: ask a member of `target`).
     pub state: String,
-    /// The leader; `None` with no members.
+    /// The leader the answering replica knows; `None` when it knows none or holds no replica.
     pub leader: Option<NodeRef>,
-    /// Leader first, then followers.
+    /// The answering replica's view of the shard's actual config: leader first, then
+    /// followers and learners; empty when it holds no replica.
     pub replicas: Vec<ReplicaView>,
-    /// The replica set placement wants (the same as `replicas` until shards hold data).
+    /// The replica set placement wants, leader first.
     pub target: Vec<String>,
     /// The answering node's table digest, hex.
     pub digest: String,

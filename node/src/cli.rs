@@ -8,7 +8,7 @@ use std::process::ExitCode;
 
 use anyhow::{Context, Result, bail};
 use bytes::Bytes;
-use cluster::wire::{self, NodeRef, Request, Response, StatusView};
+use cluster::wire::{self, NodeRef, Request, Response, ShardInfoView, StatusView};
 use serde_json::{Value, json};
 use topology::NodeId;
 use transport::{ClientTls, Endpoint, Limits};
@@ -125,17 +125,16 @@ pub(crate) fn table(rows: &[Vec<String>]) -> String {
     out
 }
 
-/// `node shard-info SHARD`.
+/// `node shard-info SHARD`: the asked node's view, or, when it holds no replica of the shard
+/// (`elsewhere`), the view of the first member of placement's target that holds one; the
+/// answer names the node that gave it.
 pub(crate) async fn shard_info(shard: u32, query: &QueryArgs) -> Result<ExitCode> {
     let endpoint = client(query)?;
-    let Response::ShardInfo(view) =
-        ask(&endpoint, query.addr, &Request::ShardInfo { shard }, query).await?
-    else {
-        bail!("unexpected answer from {}", query.addr);
-    };
+    let (view, answered_by) = shard_info_from_a_holder(&endpoint, shard, query).await?;
     match query.output {
         Output::Json => print_json(&json!({
             "version": 1,
+            "answered_by": answered_by.to_string(),
             "shard": view.shard,
             "epoch": view.epoch,
             "commit": view.commit,
@@ -152,7 +151,7 @@ pub(crate) async fn shard_info(shard: u32, query: &QueryArgs) -> Result<ExitCode
         })),
         Output::Table => {
             say!(
-                "shard {}  state {}  epoch {}  commit {}  (table {})",
+                "shard {}  state {}  epoch {}  commit {}  (answered by {answered_by}, table {})",
                 view.shard,
                 view.state,
                 view.epoch.as_deref().unwrap_or("-"),
@@ -160,6 +159,12 @@ pub(crate) async fn shard_info(shard: u32, query: &QueryArgs) -> Result<ExitCode
                     .map_or_else(|| "-".to_owned(), |c| c.to_string()),
                 &view.digest[..16]
             );
+            if view.state == "elsewhere" {
+                say!(
+                    "no member of the target holds a replica of shard {} yet",
+                    view.shard
+                );
+            }
             let mut rows = vec![vec![
                 "ROLE".to_owned(),
                 "NODE".to_owned(),
@@ -181,6 +186,43 @@ pub(crate) async fn shard_info(shard: u32, query: &QueryArgs) -> Result<ExitCode
         }
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// Asks `query.addr` about `shard`; if it holds no replica, asks the target's members (their
+/// addresses from its membership list) in order, and returns the first answer from a node
+/// that holds one, else the first answer.
+async fn shard_info_from_a_holder(
+    endpoint: &Endpoint,
+    shard: u32,
+    query: &QueryArgs,
+) -> Result<(ShardInfoView, SocketAddr)> {
+    let request = Request::ShardInfo { shard };
+    let Response::ShardInfo(first) = ask(endpoint, query.addr, &request, query).await? else {
+        bail!("unexpected answer from {}", query.addr);
+    };
+    if first.state != "elsewhere" {
+        return Ok((first, query.addr));
+    }
+    let Response::Members(members) = ask(endpoint, query.addr, &Request::Members, query).await?
+    else {
+        bail!("unexpected answer from {}", query.addr);
+    };
+    for id in &first.target {
+        let Some(member) = members
+            .members
+            .iter()
+            .find(|member| member.id.as_str() == id && member.addr != query.addr)
+        else {
+            continue;
+        };
+        // A member that does not answer is skipped: another may hold the shard.
+        if let Ok(Response::ShardInfo(view)) = ask(endpoint, member.addr, &request, query).await
+            && view.state != "elsewhere"
+        {
+            return Ok((view, member.addr));
+        }
+    }
+    Ok((first, query.addr))
 }
 
 /// `node shard-for KEY`.

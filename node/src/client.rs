@@ -168,13 +168,22 @@ impl KvClient {
         let request = Request::ShardInfo {
             shard: u32::from(shard),
         };
-        if let Response::ShardInfo(view) = self.ask_seed(&request, deadline).await?
-            && let Some(leader) = view.leader
+        let Response::ShardInfo(view) = self.ask_seed(&request, deadline).await? else {
+            return Ok(());
+        };
+        if let Some(leader) = view.leader
             && let Some(addr) = leader.addr
         {
             let mut routes = self.routes();
             routes.addrs.insert(leader.id, addr);
             routes.leaders.entry(shard).or_insert(addr);
+        } else if let Some(first) = view.target.first()
+            && let Ok(node) = NodeId::new(first)
+            && let Some(addr) = self.resolve(&node, deadline).await
+        {
+            // The seed holds no replica: placement's leader is the best first guess (a wrong
+            // one answers `moved`).
+            self.routes().leaders.entry(shard).or_insert(addr);
         }
         Ok(())
     }

@@ -29,9 +29,27 @@ pub(crate) struct Config {
     pub(crate) target: Vec<String>,
 }
 
-/// `shard-info SHARD` of node `index`, parsed.
+/// `shard-info SHARD` asked of node `index`, parsed: its replica's view, or, if it holds no
+/// replica of the shard, a target member's that does (the CLI follows).
 pub(crate) fn config(cluster: &Cluster, index: usize, shard: u16) -> Result<Config, String> {
+    parse_config(&cluster.try_query(index, &["shard-info", &shard.to_string()])?)
+}
+
+/// Node `index`'s own replica's view of `shard`; an error if it holds no replica.
+pub(crate) fn own_config(cluster: &Cluster, index: usize, shard: u16) -> Result<Config, String> {
     let answer = cluster.try_query(index, &["shard-info", &shard.to_string()])?;
+    let asked = cluster.node(index);
+    if answer["answered_by"].as_str() != Some(asked.addr.to_string().as_str()) {
+        return Err(format!(
+            "{} holds no replica of shard {shard}: {answer}",
+            asked.id
+        ));
+    }
+    parse_config(&answer)
+}
+
+/// A `shard-info -o json` answer as a [`Config`].
+fn parse_config(answer: &Value) -> Result<Config, String> {
     let leader = match &answer["leader"] {
         Value::Null => None,
         leader => Some(string_field(leader, "id")?),
@@ -79,7 +97,7 @@ pub(crate) fn settled_config(
     wanted.sort();
     let mut leader = None;
     for id in &target {
-        let here = config(cluster, cluster.index_of(id), shard)?;
+        let here = own_config(cluster, cluster.index_of(id), shard)?;
         if here.voters != wanted || !here.learners.is_empty() || here.target != target {
             return Err(format!("shard {shard}: {id} reports {here:?}"));
         }

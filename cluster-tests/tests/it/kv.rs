@@ -13,8 +13,8 @@ use std::thread;
 use std::time::{Duration, Instant};
 
 use crate::configs::{
-    CONFIGS_SETTLE_WITHIN, Config, SETTLE_PROBE_EVERY, config, settled_config, shard_of,
-    wait_configs_match_target,
+    CONFIGS_SETTLE_WITHIN, Config, SETTLE_PROBE_EVERY, config, own_config, settled_config,
+    shard_of, wait_configs_match_target,
 };
 use crate::harness::{CONVERGE_WITHIN, Client, Cluster, wait_until};
 use crate::workload::{
@@ -212,7 +212,7 @@ fn acknowledged_writes_survive_leader_kills() {
                         return Err(format!("{hint:?} does not run"));
                     }
                     // The hint may be stale: the leader must say so itself.
-                    match config(&cluster, index, shard)?.leader {
+                    match own_config(&cluster, index, shard)?.leader {
                         own if own == hint => Ok(index),
                         own => Err(format!("{hint:?} names {own:?}")),
                     }
@@ -408,7 +408,7 @@ fn two_of_three_replicas_stopped_make_only_that_shard_unavailable() {
     wait_until(
         Duration::from_secs(5),
         &format!("{leader_id} steps down from shard {shard}"),
-        || match config(&cluster, leader, shard)? {
+        || match own_config(&cluster, leader, shard)? {
             Config { leader: None, .. } => Ok(()),
             seen => Err(format!("{seen:?}")),
         },

@@ -23,7 +23,7 @@ use std::time::{Duration, Instant};
 use shardtable::ShardCount;
 
 use crate::configs::{
-    CONFIGS_SETTLE_WITHIN, config, settled_config, shard_of, wait_configs_match_target,
+    CONFIGS_SETTLE_WITHIN, own_config, settled_config, shard_of, wait_configs_match_target,
 };
 use crate::harness::{CONVERGE_WITHIN, Cluster, members, wait_until};
 use crate::netns::Netns;
@@ -306,7 +306,7 @@ fn a_cut_off_leader_stops_acknowledging_and_the_majority_takes_over() {
                 format!("{leader_id} steps down from shard {shard} and one of the others leads it");
             let (stepped_down, elected) = wait_until(ELECT_WITHIN, &what, || {
                 if stepped_down.is_none() {
-                    let seen = config(&cluster, leader, shard)
+                    let seen = own_config(&cluster, leader, shard)
                         .map_err(|error| format!("{leader_id} does not answer: {error}"))?;
                     if seen.leader.as_ref() != Some(&leader_id) {
                         stepped_down = Some(cut.elapsed());
@@ -315,7 +315,7 @@ fn a_cut_off_leader_stops_acknowledging_and_the_majority_takes_over() {
                 if elected.is_none() {
                     for &index in &majority {
                         let id = &cluster.node(index).id;
-                        let seen = config(&cluster, index, shard);
+                        let seen = own_config(&cluster, index, shard);
                         if seen.is_ok_and(|seen| seen.leader.as_ref() == Some(id)) {
                             elected = Some((id.clone(), cut.elapsed()));
                         }

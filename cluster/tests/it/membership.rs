@@ -4,7 +4,7 @@
 use std::time::Duration;
 
 use shardtable::Placer;
-use topology::TokenRing;
+use topology::{NodeId, TokenRing};
 
 use cluster::wire::{Request, Response};
 
@@ -377,8 +377,36 @@ fn queries_check_their_limits() {
         Response::Refused { reason } => assert!(reason.contains("0 to 1023"), "{reason}"),
         other => panic!("{other:?}"),
     }
+    // Before its replicas exist, the node says it holds none instead of presenting
+    // placement's wish as the shard's config.
     match ask(core, Request::ShardInfo { shard: 1023 }) {
-        Response::ShardInfo(view) => assert_eq!(view.leader.unwrap().id, name(0)),
+        Response::ShardInfo(view) => {
+            assert_eq!(view.state, "elsewhere", "{view:?}");
+            assert_eq!(view.leader, None, "{view:?}");
+            assert!(view.replicas.is_empty(), "{view:?}");
+            assert_eq!(view.target, vec![name(0).to_string()], "{view:?}");
+        }
+        other => panic!("{other:?}"),
+    }
+    let core = net.slots[0].core.as_mut().unwrap();
+    core.bootstrap_shards(Duration::ZERO);
+    net.run_until(2 * SECOND);
+    let core = net.slots[0].core.as_mut().unwrap();
+    match ask(core, Request::ShardInfo { shard: 1023 }) {
+        Response::ShardInfo(view) => {
+            assert_eq!(view.state, "stable", "{view:?}");
+            assert_eq!(
+                view.leader.as_ref().map(|leader| leader.id.clone()),
+                Some(name(0)),
+                "{view:?}"
+            );
+            let roles: Vec<(NodeId, &str)> = view
+                .replicas
+                .iter()
+                .map(|replica| (replica.node.id.clone(), replica.role.as_str()))
+                .collect();
+            assert_eq!(roles, vec![(name(0), "leader")], "{view:?}");
+        }
         other => panic!("{other:?}"),
     }
     // A client may not join, sync or announce a leave.
