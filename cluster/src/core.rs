@@ -18,8 +18,9 @@ use crate::replica::{ClientReply, PeerBatch, ReplicaConfig, ShardHost};
 use crate::spec::{ClusterSpec, SpecFingerprint};
 use crate::timers::TimerQueue;
 use crate::wire::{
-    DATAGRAM_SWIM, MAX_KEY_LEN, MemberView, MembersView, NodeLoad, NodeRef, ReplicaView, Request,
-    Response, RingShare, RingView, ShardForView, ShardInfoView, StatusView, WireMember,
+    CopyProgress, DATAGRAM_SWIM, MAX_KEY_LEN, MemberView, MembersView, NodeLoad, NodeRef,
+    ReplicaView, Request, Response, RingShare, RingView, ShardForView, ShardInfoView, StatusView,
+    WireMember,
 };
 
 /// Tuning of failure detection and convergence. Times are durations on the caller's clock.
@@ -1040,42 +1041,82 @@ impl Cluster {
         } else {
             "no-quorum"
         };
+        let target: Vec<NodeId> = info.replicas().cloned().collect();
         let (mut epoch, mut commit) = (None, None);
+        let (mut joining, mut leaving) = (Vec::new(), Vec::new());
         if let Some(replica) = self.host.replica(id.get()) {
             // This node holds the shard: its replica's view of the actual config.
             let config = replica.durable().active_config();
             let hint = replica.leader_hint();
             let me = &self.identity().node_id;
-            let index_of = |node: &NodeId| {
-                if node == me {
+            let leads = hint == Some(me);
+            let last = replica.durable().last().index;
+            let view_of = |member: &crate::replica::Member, role: &str| {
+                let index = if member.node == *me {
                     Some(replica.durable().applied)
                 } else {
-                    replica.matched(node)
+                    replica.matched(&member.node)
+                };
+                let lag = if leads && member.node != *me {
+                    index.map(|index| last.saturating_sub(index))
+                } else {
+                    None
+                };
+                let copied = replica.snapshot_progress(&member.node).map(
+                    |(keys, keys_total, bytes, bytes_total)| CopyProgress {
+                        keys,
+                        keys_total,
+                        bytes,
+                        bytes_total,
+                    },
+                );
+                ReplicaView {
+                    node: self.node_ref(&member.node),
+                    role: role.to_owned(),
+                    index,
+                    lag,
+                    copied,
                 }
             };
             leader = hint.map(|node| self.node_ref(node));
             replicas = config
                 .voters
                 .iter()
-                .map(|member| (member, Some(&member.node) == hint))
-                .map(|(member, leads)| ReplicaView {
-                    node: self.node_ref(&member.node),
-                    role: if leads { "leader" } else { "follower" }.to_owned(),
-                    index: index_of(&member.node),
+                .map(|member| {
+                    let role = if Some(&member.node) == hint {
+                        "leader"
+                    } else {
+                        "follower"
+                    };
+                    view_of(member, role)
                 })
-                .chain(config.learners.iter().map(|member| ReplicaView {
-                    node: self.node_ref(&member.node),
-                    role: "learner".to_owned(),
-                    index: index_of(&member.node),
-                }))
+                .chain(
+                    config
+                        .learners
+                        .iter()
+                        .map(|member| view_of(member, "learner")),
+                )
                 .collect();
             replicas.sort_by_key(|view| view.role != "leader");
             epoch = replica.durable().promised.as_ref().map(ToString::to_string);
             commit = Some(replica.commit());
+            joining = target
+                .iter()
+                .filter(|node| !config.voters.iter().any(|voter| voter.node == **node))
+                .map(ToString::to_string)
+                .collect();
+            leaving = config
+                .voters
+                .iter()
+                .filter(|voter| !target.contains(&voter.node))
+                .map(|voter| voter.node.to_string())
+                .collect();
             state = if hint.is_none() {
                 "no-quorum"
-            } else {
+            } else if joining.is_empty() && leaving.is_empty() {
                 "stable"
+            } else {
+                "migrating"
             };
         }
         Ok(ShardInfoView {
@@ -1085,7 +1126,9 @@ impl Cluster {
             replicas,
             epoch,
             commit,
-            target: info.replicas().map(ToString::to_string).collect(),
+            target: target.iter().map(ToString::to_string).collect(),
+            joining,
+            leaving,
             digest: self.digest.to_string(),
         })
     }

@@ -187,6 +187,25 @@ pub struct ReplicaView {
     /// How far its log is known to reach: the answering replica's own applied index, or, when
     /// the answering replica leads, the index each follower acknowledged; `None` if unknown.
     pub index: Option<u64>,
+    /// When the answering replica leads: how many entries this one lacks behind the leader's
+    /// last entry. `None` otherwise, and for the leader itself.
+    pub lag: Option<u64>,
+    /// When the answering replica leads and is sending this one a snapshot: how much of it
+    /// this one has acknowledged.
+    pub copied: Option<CopyProgress>,
+}
+
+/// A snapshot transfer's progress: what the receiver acknowledged, of the whole.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CopyProgress {
+    /// Key-value pairs acknowledged.
+    pub keys: u64,
+    /// Key-value pairs in the snapshot.
+    pub keys_total: u64,
+    /// Key and value bytes acknowledged.
+    pub bytes: u64,
+    /// Key and value bytes in the snapshot.
+    pub bytes_total: u64,
 }
 
 /// One replica's state in brief, for comparing replicas (`node check`).
@@ -206,9 +225,10 @@ pub struct ShardDigest {
 pub struct ShardInfoView {
     /// The shard.
     pub shard: u16,
-    /// As the answering node sees it: `stable` (its replica knows a leader), `no-quorum` (its
-    /// replica knows none, or the cluster has no members), or `elsewhere` (it holds no replica
-    /// of the shard: ask a member of `target`).
+    /// As the answering node sees it: `stable` (its replica knows a leader and its voters are
+    /// the target), `migrating` (it knows a leader, and `joining` or `leaving` is not empty),
+    /// `no-quorum` (its replica knows no leader, or the cluster has no members), or
+    /// `elsewhere` (it holds no replica of the shard: ask a member of `target`).
     pub state: String,
     /// The leader the answering replica knows; `None` when it knows none or holds no replica.
     pub leader: Option<NodeRef>,
@@ -217,6 +237,12 @@ pub struct ShardInfoView {
     pub replicas: Vec<ReplicaView>,
     /// The replica set placement wants, leader first.
     pub target: Vec<String>,
+    /// Members of `target` the answering replica's config does not hold as voters yet: the
+    /// shard is moving to them (state `migrating`).
+    pub joining: Vec<String>,
+    /// Voters of the answering replica's config that `target` no longer names: the shard is
+    /// moving away from them (state `migrating`).
+    pub leaving: Vec<String>,
     /// The answering node's table digest, hex.
     pub digest: String,
     /// The ballot (`n.node`) the answering replica has promised: the shard's epoch. `None` when

@@ -145,8 +145,17 @@ pub(crate) async fn shard_info(shard: u32, query: &QueryArgs) -> Result<ExitCode
                 "addr": r.node.addr.map(|a| a.to_string()),
                 "role": r.role,
                 "index": r.index,
+                "lag": r.lag,
+                "copied": r.copied.map(|c| json!({
+                    "keys": c.keys,
+                    "keys_total": c.keys_total,
+                    "bytes": c.bytes,
+                    "bytes_total": c.bytes_total,
+                })),
             })).collect::<Vec<_>>(),
             "target": view.target,
+            "joining": view.joining,
+            "leaving": view.leaving,
             "digest": view.digest,
         })),
         Output::Table => {
@@ -170,19 +179,47 @@ pub(crate) async fn shard_info(shard: u32, query: &QueryArgs) -> Result<ExitCode
                 "NODE".to_owned(),
                 "ADDRESS".to_owned(),
                 "INDEX".to_owned(),
+                "LAG".to_owned(),
+                "SNAPSHOT COPIED".to_owned(),
             ]];
+            let or_dash =
+                |value: Option<u64>| value.map_or_else(|| "-".to_owned(), |v| v.to_string());
             for replica in &view.replicas {
+                let copied = replica.copied.map_or_else(
+                    || "-".to_owned(),
+                    |c| {
+                        format!(
+                            "{}/{} keys, {}/{} bytes",
+                            c.keys, c.keys_total, c.bytes, c.bytes_total
+                        )
+                    },
+                );
                 rows.push(vec![
                     replica.role.clone(),
                     replica.node.id.to_string(),
                     addr_text(&replica.node),
-                    replica
-                        .index
-                        .map_or_else(|| "-".to_owned(), |index| index.to_string()),
+                    or_dash(replica.index),
+                    or_dash(replica.lag),
+                    copied,
                 ]);
             }
             emit(&table(&rows));
             say!("target: {}", view.target.join(" "));
+            if !view.joining.is_empty() || !view.leaving.is_empty() {
+                say!(
+                    "moving to: {}; away from: {}",
+                    if view.joining.is_empty() {
+                        "-".to_owned()
+                    } else {
+                        view.joining.join(" ")
+                    },
+                    if view.leaving.is_empty() {
+                        "-".to_owned()
+                    } else {
+                        view.leaving.join(" ")
+                    },
+                );
+            }
         }
     }
     Ok(ExitCode::SUCCESS)

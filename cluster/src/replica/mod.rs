@@ -409,21 +409,43 @@ struct Frozen {
     kv: BTreeMap<Vec<u8>, Vec<u8>>,
     /// The first key of each chunk (none for an empty state: one empty chunk).
     starts: Vec<Vec<u8>>,
+    /// Each chunk's pairs and key and value bytes, for progress reports.
+    sizes: Vec<(u64, u64)>,
 }
 
 impl Frozen {
     fn new(base: Base, kv: BTreeMap<Vec<u8>, Vec<u8>>, chunk_bytes: usize) -> Self {
         let mut starts = Vec::new();
+        let mut sizes: Vec<(u64, u64)> = Vec::new();
         let mut size = 0usize;
         for (key, value) in &kv {
             let pair = key.len() + value.len() + 16;
             if starts.is_empty() || size + pair > chunk_bytes.max(1) && size > 0 {
                 starts.push(key.clone());
+                sizes.push((0, 0));
                 size = 0;
             }
             size += pair;
+            if let Some((pairs, bytes)) = sizes.last_mut() {
+                *pairs += 1;
+                *bytes += (key.len() + value.len()) as u64;
+            }
         }
-        Frozen { base, kv, starts }
+        Frozen {
+            base,
+            kv,
+            starts,
+            sizes,
+        }
+    }
+
+    /// Pairs and bytes in chunks `..upto`.
+    fn size_of_chunks(&self, upto: u64) -> (u64, u64) {
+        let upto = usize::try_from(upto).unwrap_or(usize::MAX);
+        self.sizes
+            .iter()
+            .take(upto)
+            .fold((0, 0), |(pairs, bytes), (p, b)| (pairs + p, bytes + b))
     }
 
     fn chunks(&self) -> u64 {
@@ -735,6 +757,18 @@ impl ShardReplica {
             Role::Leader(leader) => leader.matched.get(node).copied(),
             _ => None,
         }
+    }
+
+    /// As a leader sending `node` a snapshot (R6): the pairs and bytes it acknowledged, and
+    /// those in the whole snapshot, as `(pairs, pairs_total, bytes, bytes_total)`.
+    pub fn snapshot_progress(&self, node: &NodeId) -> Option<(u64, u64, u64, u64)> {
+        let Role::Leader(leader) = &self.role else {
+            return None;
+        };
+        let send = leader.snapshots.get(node)?;
+        let (pairs, bytes) = send.frozen.size_of_chunks(send.acked);
+        let (pairs_total, bytes_total) = send.frozen.size_of_chunks(u64::MAX);
+        Some((pairs, pairs_total, bytes, bytes_total))
     }
 
     /// As a leader, the members whose promises opened its ballot (R2.3); else empty.

@@ -575,7 +575,36 @@ fn assert_caught_up(group: &Group, leader: usize, learner: usize) {
 fn a_new_replica_behind_the_base_gets_a_snapshot_in_chunks_and_is_promoted() {
     for seed in seeds(10) {
         let (mut group, mut acked) = grow_to_four(seed);
-        group.run(Duration::from_secs(2));
+        // The leader reports the transfer's progress (`shard-info`), in acknowledged pairs
+        // that only grow, up to the whole snapshot.
+        let n3 = member(3).node;
+        let mut seen: Vec<(u64, u64, u64, u64)> = Vec::new();
+        for _ in 0..2000 {
+            group.run(Duration::from_millis(1));
+            let progress = group.replicas[0].as_ref().unwrap().snapshot_progress(&n3);
+            if let Some(progress) = progress
+                && seen.last() != Some(&progress)
+            {
+                seen.push(progress);
+            }
+        }
+        let (_, keys_total, _, bytes_total) = *seen.first().expect("a snapshot was sent");
+        assert!(keys_total >= 60 && bytes_total > 0, "{seen:?}; seed {seed}");
+        assert!(
+            seen.windows(2)
+                .all(|pair| pair[0].0 <= pair[1].0 && pair[0].2 <= pair[1].2),
+            "{seen:?}; seed {seed}"
+        );
+        assert!(
+            seen.iter()
+                .any(|(keys, total, _, _)| 0 < *keys && keys < total),
+            "progress seen part way: {seen:?}; seed {seed}"
+        );
+        assert_eq!(
+            group.replicas[0].as_ref().unwrap().snapshot_progress(&n3),
+            None,
+            "done transfers are not reported; seed {seed}"
+        );
         assert_eq!(group.leader(), Some(0), "seed {seed}");
         assert!(
             group.chunks_to[3] >= 10,

@@ -99,3 +99,57 @@ fn joiners_become_voters_of_every_shard_and_clients_read_their_writes() {
         }
     }
 }
+
+/// While a joiner is being added to a shard, the leader's `shard-info` says `migrating`, with
+/// the joiner in `joining` and its lag; once it is a voter, `stable`.
+#[test]
+fn shard_info_shows_a_join_as_migrating_until_the_joiner_votes() {
+    use cluster::wire::{Request, Response, ShardInfoView};
+    let ask = |net: &mut Net, shard: u32| -> ShardInfoView {
+        let now = net.now;
+        let core = net.slots[0].core.as_mut().unwrap();
+        match core.handle_request(now, None, Request::ShardInfo { shard }) {
+            Response::ShardInfo(view) => view,
+            other => panic!("{other:?}"),
+        }
+    };
+    for seed in seeds(5) {
+        let mut net = Net::new(seed);
+        net.spec = small_spec();
+        net.start(0, None).unwrap();
+        net.bootstrap_shards(0);
+        net.run_until(Duration::from_secs(1));
+        assert_eq!(ask(&mut net, 3).state, "stable", "seed {seed}");
+        net.start(1, Some(0)).unwrap();
+        let mut migrating = None;
+        let mut lag_seen = false;
+        let deadline = net.now + Duration::from_secs(15);
+        while net.now < deadline {
+            let now = net.now;
+            net.run_until(now + Duration::from_millis(5));
+            let view = ask(&mut net, 3);
+            if view.state == "migrating" {
+                let joiner = view.replicas.iter().find(|r| r.node.id == name(1));
+                lag_seen |= joiner.is_some_and(|joiner| joiner.lag.is_some());
+                migrating.get_or_insert(view);
+            } else if view.state == "stable" && migrating.is_some() {
+                break;
+            }
+        }
+        assert!(lag_seen, "the leader reports the joiner's lag; seed {seed}");
+        let migrating = migrating.unwrap_or_else(|| panic!("never migrating; seed {seed}"));
+        assert_eq!(
+            migrating.joining,
+            vec![name(1).to_string()],
+            "{migrating:?}"
+        );
+        assert!(migrating.leaving.is_empty(), "{migrating:?}");
+        let stable = ask(&mut net, 3);
+        assert_eq!(stable.state, "stable", "{stable:?}; seed {seed}");
+        assert!(
+            stable.joining.is_empty() && stable.leaving.is_empty(),
+            "{stable:?}"
+        );
+        assert_eq!(stable.replicas.len(), 2, "{stable:?}; seed {seed}");
+    }
+}
