@@ -18,7 +18,7 @@ use crate::replica::{ClientReply, PeerBatch, ReplicaConfig, ShardHost};
 use crate::spec::{ClusterSpec, SpecFingerprint};
 use crate::timers::TimerQueue;
 use crate::wire::{
-    CopyProgress, DATAGRAM_SWIM, MAX_KEY_LEN, MemberView, MembersView, NodeLoad, NodeRef,
+    CopyProgress, DATAGRAM_SWIM, MAX_KEY_LEN, MemberView, MembersView, MoveView, NodeLoad, NodeRef,
     ReplicaView, Request, Response, RingShare, RingView, ShardForView, ShardInfoView, StatusView,
     WireMember,
 };
@@ -1100,17 +1100,9 @@ impl Cluster {
             replicas.sort_by_key(|view| view.role != "leader");
             epoch = replica.durable().promised.as_ref().map(ToString::to_string);
             commit = Some(replica.commit());
-            joining = target
-                .iter()
-                .filter(|node| !config.voters.iter().any(|voter| voter.node == **node))
-                .map(ToString::to_string)
-                .collect();
-            leaving = config
-                .voters
-                .iter()
-                .filter(|voter| !target.contains(&voter.node))
-                .map(|voter| voter.node.to_string())
-                .collect();
+            let (to, from) = config_change(config, &target);
+            joining = to.iter().map(ToString::to_string).collect();
+            leaving = from.iter().map(ToString::to_string).collect();
             state = if hint.is_none() {
                 "no-quorum"
             } else if joining.is_empty() && leaving.is_empty() {
@@ -1213,7 +1205,58 @@ impl Cluster {
             nodes,
             shards_without_leader,
             shards_under_replicated,
+            moving: self.moves_led_here(),
         }
+    }
+
+    /// The shards this node leads whose voters are not placement's target, with how far each
+    /// joining replica got.
+    fn moves_led_here(&self) -> Vec<MoveView> {
+        let me = &self.identity().node_id;
+        let mut moves = Vec::new();
+        for (shard, replica) in self.host.replicas() {
+            if replica.leader_hint() != Some(me) {
+                continue;
+            }
+            let Ok(info) = self.table.shard_info(ShardId::new(shard)) else {
+                continue;
+            };
+            let target: Vec<NodeId> = info.replicas().cloned().collect();
+            let (joining, leaving) = config_change(replica.durable().active_config(), &target);
+            if joining.is_empty() && leaving.is_empty() {
+                continue;
+            }
+            let last = replica.durable().last().index;
+            let lag = joining
+                .iter()
+                .filter_map(|node| replica.matched(node))
+                .map(|matched| last.saturating_sub(matched))
+                .max();
+            let copied = joining
+                .iter()
+                .filter_map(|node| replica.snapshot_progress(node))
+                .map(|(keys, keys_total, bytes, bytes_total)| CopyProgress {
+                    keys,
+                    keys_total,
+                    bytes,
+                    bytes_total,
+                })
+                .reduce(|a, b| CopyProgress {
+                    keys: a.keys + b.keys,
+                    keys_total: a.keys_total + b.keys_total,
+                    bytes: a.bytes + b.bytes,
+                    bytes_total: a.bytes_total + b.bytes_total,
+                });
+            moves.push(MoveView {
+                shard,
+                leader: me.clone(),
+                joining: joining.iter().map(ToString::to_string).collect(),
+                leaving: leaving.iter().map(ToString::to_string).collect(),
+                lag,
+                copied,
+            });
+        }
+        moves
     }
 
     /// The share of the ring each member's tokens own.
@@ -1248,4 +1291,21 @@ impl Cluster {
                 .collect(),
         }
     }
+}
+
+/// How `config` must change to become `target`: the target members that are not voters yet
+/// (joining), and the voters the target does not name (leaving), each in order.
+fn config_change(config: &crate::replica::Config, target: &[NodeId]) -> (Vec<NodeId>, Vec<NodeId>) {
+    let joining = target
+        .iter()
+        .filter(|node| !config.voters.iter().any(|voter| voter.node == **node))
+        .cloned()
+        .collect();
+    let leaving = config
+        .voters
+        .iter()
+        .filter(|voter| !target.contains(&voter.node))
+        .map(|voter| voter.node.clone())
+        .collect();
+    (joining, leaving)
 }

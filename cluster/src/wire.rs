@@ -314,6 +314,28 @@ pub struct StatusView {
     pub shards_without_leader: u32,
     /// Shards with fewer than `min(RF, members)` distinct replicas.
     pub shards_under_replicated: u32,
+    /// The shards the answering node leads whose voters are not yet placement's target, in
+    /// shard order. Every leader reports its own: `node status` asks every live member.
+    pub moving: Vec<MoveView>,
+}
+
+/// A shard moving between nodes, as its leader sees it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct MoveView {
+    /// The shard.
+    pub shard: u16,
+    /// Its leader (the answering node), which sends the copies.
+    #[serde(with = "node_id_serde")]
+    pub leader: NodeId,
+    /// Target members that are not voters yet.
+    pub joining: Vec<String>,
+    /// Voters the target no longer names.
+    pub leaving: Vec<String>,
+    /// The most entries a joining replica lacks behind the leader's last one; `None` if none
+    /// has answered yet.
+    pub lag: Option<u64>,
+    /// Snapshot transfers to joining replicas, summed; `None` when none is under way.
+    pub copied: Option<CopyProgress>,
 }
 
 /// One member's share of the ring.

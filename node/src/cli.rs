@@ -8,7 +8,7 @@ use std::process::ExitCode;
 
 use anyhow::{Context, Result, bail};
 use bytes::Bytes;
-use cluster::wire::{self, NodeRef, Request, Response, ShardInfoView, StatusView};
+use cluster::wire::{self, MoveView, NodeRef, Request, Response, ShardInfoView, StatusView};
 use serde_json::{Value, json};
 use topology::NodeId;
 use transport::{ClientTls, Endpoint, Limits};
@@ -351,14 +351,59 @@ fn status_json(view: &StatusView) -> Value {
     })
 }
 
+/// The shards moving anywhere: every live member reports those it leads (the asked node's
+/// answer `view` included); a member that does not answer is named in the second list.
+async fn moves_everywhere(
+    endpoint: &Endpoint,
+    view: &StatusView,
+    query: &QueryArgs,
+) -> (Vec<MoveView>, Vec<String>) {
+    let mut moves = view.moving.clone();
+    let mut silent = Vec::new();
+    for node in &view.nodes {
+        let live = node.member.state == "alive" || node.member.state == "suspect";
+        if !live || node.member.id == view.node {
+            continue;
+        }
+        match ask(endpoint, node.member.addr, &Request::Status, query).await {
+            Ok(Response::Status(theirs)) => moves.extend(theirs.moving),
+            _ => silent.push(node.member.id.to_string()),
+        }
+    }
+    moves.sort_by_key(|moving| moving.shard);
+    (moves, silent)
+}
+
+fn move_json(moving: &MoveView) -> Value {
+    json!({
+        "shard": moving.shard,
+        "leader": moving.leader.as_str(),
+        "joining": moving.joining,
+        "leaving": moving.leaving,
+        "lag": moving.lag,
+        "copied": moving.copied.map(|c| json!({
+            "keys": c.keys,
+            "keys_total": c.keys_total,
+            "bytes": c.bytes,
+            "bytes_total": c.bytes_total,
+        })),
+    })
+}
+
 /// `node status`.
 pub(crate) async fn status(query: &QueryArgs) -> Result<ExitCode> {
     let endpoint = client(query)?;
     let Response::Status(view) = ask(&endpoint, query.addr, &Request::Status, query).await? else {
         bail!("unexpected answer from {}", query.addr);
     };
+    let (moves, silent) = moves_everywhere(&endpoint, &view, query).await;
     match query.output {
-        Output::Json => print_json(&status_json(&view)),
+        Output::Json => {
+            let mut json = status_json(&view);
+            json["moving"] = moves.iter().map(move_json).collect();
+            json["moving_unknown_from"] = json!(silent);
+            print_json(&json);
+        }
         Output::Table => {
             say!("{}", view.spec);
             say!("table {} as seen by {}", view.digest, view.node);
@@ -378,9 +423,58 @@ pub(crate) async fn status(query: &QueryArgs) -> Result<ExitCode> {
                 ]);
             }
             emit(&table(&rows));
+            print_moves(&moves, &silent);
         }
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// The table of moving shards, with totals.
+fn print_moves(moves: &[MoveView], silent: &[String]) {
+    if moves.is_empty() {
+        say!("no shard is moving");
+    } else {
+        let (mut keys, mut keys_total, mut bytes, mut bytes_total) = (0, 0, 0, 0);
+        let mut rows = vec![
+            ["SHARD", "LEADER", "TO", "FROM", "LAG", "SNAPSHOT COPIED"]
+                .map(str::to_owned)
+                .to_vec(),
+        ];
+        let list = |names: &[String]| {
+            if names.is_empty() {
+                "-".to_owned()
+            } else {
+                names.join(" ")
+            }
+        };
+        for moving in moves {
+            if let Some(copied) = moving.copied {
+                keys += copied.keys;
+                keys_total += copied.keys_total;
+                bytes += copied.bytes;
+                bytes_total += copied.bytes_total;
+            }
+            rows.push(vec![
+                moving.shard.to_string(),
+                moving.leader.to_string(),
+                list(&moving.joining),
+                list(&moving.leaving),
+                moving
+                    .lag
+                    .map_or_else(|| "-".to_owned(), |lag| lag.to_string()),
+                moving.copied.map_or_else(
+                    || "-".to_owned(),
+                    |c| format!("{}/{} keys", c.keys, c.keys_total),
+                ),
+            ]);
+        }
+        say!("{} shards moving:", moves.len());
+        emit(&table(&rows));
+        say!("snapshots under way: {keys}/{keys_total} keys, {bytes}/{bytes_total} bytes copied");
+    }
+    if !silent.is_empty() {
+        say!("not answering (their moves unknown): {}", silent.join(" "));
+    }
 }
 
 /// `node ring`.

@@ -483,7 +483,7 @@ fn two_of_three_replicas_stopped_make_only_that_shard_unavailable() {
 }
 
 /// A fourth node joins while writers run: every shard's voters become the four-node target,
-/// and no acknowledged write is lost.
+/// `status` then lists no moving shard, and no acknowledged write is lost.
 #[test]
 fn a_fourth_node_joins_during_writes() {
     let mut cluster = Cluster::launch_with("kv-join", 3, FLAGS);
@@ -511,6 +511,14 @@ fn a_fourth_node_joins_during_writes() {
                 .count();
             eprintln!("n3 is a voter of {joined} of {SHARDS} shards");
             assert!(joined > 0, "n3 is in no shard's target: {configs:?}");
+            // Every config is its target, so `status` (asking every node) lists no move.
+            let status = cluster.query(joiner, &["status"]);
+            assert_eq!(status["moving"], serde_json::json!([]), "{status}");
+            assert_eq!(
+                status["moving_unknown_from"],
+                serde_json::json!([]),
+                "{status}"
+            );
             workload.wait_progress(WRITERS, RECOVER_WITHIN, "writes after the join");
         }));
         finish(&[&workload], writers, join)

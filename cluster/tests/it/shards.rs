@@ -101,7 +101,8 @@ fn joiners_become_voters_of_every_shard_and_clients_read_their_writes() {
 }
 
 /// While a joiner is being added to a shard, the leader's `shard-info` says `migrating`, with
-/// the joiner in `joining` and its lag; once it is a voter, `stable`.
+/// the joiner in `joining` and its lag, and its `status` lists the move; once the joiner is a
+/// voter, `stable`, and the move is gone.
 #[test]
 fn shard_info_shows_a_join_as_migrating_until_the_joiner_votes() {
     use cluster::wire::{Request, Response, ShardInfoView};
@@ -131,6 +132,12 @@ fn shard_info_shows_a_join_as_migrating_until_the_joiner_votes() {
             if view.state == "migrating" {
                 let joiner = view.replicas.iter().find(|r| r.node.id == name(1));
                 lag_seen |= joiner.is_some_and(|joiner| joiner.lag.is_some());
+                // `status` lists the move too: n0 leads it.
+                let status = net.slots[0].core.as_ref().unwrap().status();
+                let moving = status.moving.iter().find(|moving| moving.shard == 3);
+                let moving = moving.unwrap_or_else(|| panic!("{status:?}; seed {seed}"));
+                assert_eq!(moving.leader, name(0), "{moving:?}");
+                assert_eq!(moving.joining, view.joining, "{moving:?}");
                 migrating.get_or_insert(view);
             } else if view.state == "stable" && migrating.is_some() {
                 break;
@@ -146,6 +153,11 @@ fn shard_info_shows_a_join_as_migrating_until_the_joiner_votes() {
         assert!(migrating.leaving.is_empty(), "{migrating:?}");
         let stable = ask(&mut net, 3);
         assert_eq!(stable.state, "stable", "{stable:?}; seed {seed}");
+        let status = net.slots[0].core.as_ref().unwrap().status();
+        assert!(
+            status.moving.iter().all(|moving| moving.shard != 3),
+            "{status:?}; seed {seed}"
+        );
         assert!(
             stable.joining.is_empty() && stable.leaving.is_empty(),
             "{stable:?}"
