@@ -1210,8 +1210,8 @@ impl Cluster {
     }
 
     /// The shards this node leads whose voters are not placement's target, with how far each
-    /// joining replica got.
-    fn moves_led_here(&self) -> Vec<MoveView> {
+    /// joining replica got (`status`'s `moving`).
+    pub fn moves_led_here(&self) -> Vec<MoveView> {
         let me = &self.identity().node_id;
         let mut moves = Vec::new();
         for (shard, replica) in self.host.replicas() {

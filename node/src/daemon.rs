@@ -1,7 +1,7 @@
 //! The daemon: opens the data dir, joins or bootstraps, then runs the one loop that owns the
 //! cluster core.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::{BTreeSet, HashMap, VecDeque};
 use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
@@ -25,6 +25,10 @@ const PEER_REQUEST_TIMEOUT: Duration = Duration::from_secs(2);
 const SAVED_PEERS_PATIENCE: Duration = Duration::from_secs(3);
 /// How often a node that is alone asks its saved peers again.
 const SAVED_PEERS_RETRY: Duration = Duration::from_secs(5);
+/// How often the loop looks at the moves of the shards it leads, to log their start and end.
+const MOVES_CHECK_EVERY: Duration = Duration::from_millis(250);
+/// How often progress is logged while moves last (also whenever their number changes).
+const MOVES_LOG_EVERY: Duration = Duration::from_secs(5);
 /// The most inbound messages handled in one turn of the loop (datagrams first).
 const INBOUND_BATCH: usize = 256;
 /// The most client requests handled in one turn of the loop, after all node traffic.
@@ -450,6 +454,19 @@ struct NodeLoop {
     /// Client requests received but not handed to the core yet: each turn of the loop handles
     /// node traffic first, then at most [`CLIENT_SLICE`] of these.
     client_backlog: Backlog<Inbound>,
+    /// The moves this node leads, as last logged ([`NodeLoop::log_moves`]).
+    moves_logged: MovesLogged,
+}
+
+/// What [`NodeLoop::log_moves`] last said.
+#[derive(Debug, Default)]
+struct MovesLogged {
+    /// Shards moving then.
+    moving: usize,
+    /// When the current run of moves was first seen.
+    since: Option<Instant>,
+    /// When progress was last logged.
+    at: Option<Instant>,
 }
 
 impl NodeLoop {
@@ -478,7 +495,66 @@ impl NodeLoop {
             clients: HashMap::new(),
             next_token: 0,
             client_backlog: Backlog::new(MAX_CLIENT_BACKLOG),
+            moves_logged: MovesLogged::default(),
         }
+    }
+
+    /// Logs the moves of the shards this node leads (the same figures as `node status`) as
+    /// structured events: when moves start, every [`MOVES_LOG_EVERY`] while any lasts, and
+    /// when the last one is done.
+    fn log_moves(&mut self) {
+        let moves = self.core.moves_led_here();
+        let logged = &mut self.moves_logged;
+        let now = Instant::now();
+        if moves.is_empty() {
+            if let Some(since) = logged.since.take() {
+                info!(
+                    took_ms = since.elapsed().as_millis() as u64,
+                    "shard moves done: every shard this node leads has its target voters"
+                );
+            }
+            logged.moving = 0;
+            logged.at = None;
+            return;
+        }
+        let due = logged
+            .at
+            .is_none_or(|at| now.duration_since(at) >= MOVES_LOG_EVERY);
+        if !due && moves.len() == logged.moving {
+            return;
+        }
+        let copied = moves.iter().filter_map(|moving| moving.copied);
+        let (keys, keys_total, bytes, bytes_total) =
+            copied.fold((0, 0, 0, 0), |(k, kt, b, bt), c| {
+                (
+                    k + c.keys,
+                    kt + c.keys_total,
+                    b + c.bytes,
+                    bt + c.bytes_total,
+                )
+            });
+        let joining: BTreeSet<&str> = moves
+            .iter()
+            .flat_map(|moving| moving.joining.iter().map(String::as_str))
+            .collect();
+        let leaving: BTreeSet<&str> = moves
+            .iter()
+            .flat_map(|moving| moving.leaving.iter().map(String::as_str))
+            .collect();
+        info!(
+            moving = moves.len(),
+            joining = ?joining,
+            leaving = ?leaving,
+            max_lag = moves.iter().filter_map(|moving| moving.lag).max(),
+            snapshot_keys = keys,
+            snapshot_keys_total = keys_total,
+            snapshot_bytes = bytes,
+            snapshot_bytes_total = bytes_total,
+            "shard moves under way (shards this node leads)"
+        );
+        logged.since.get_or_insert(now);
+        logged.moving = moves.len();
+        logged.at = Some(now);
     }
 
     /// While no other member is alive, asks the saved peers to let this node in, in the
@@ -522,6 +598,8 @@ impl NodeLoop {
         let mut retry = tokio::time::interval(SAVED_PEERS_RETRY);
         retry.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         retry.tick().await;
+        let mut moves = tokio::time::interval(MOVES_CHECK_EVERY);
+        moves.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
             self.drain()?;
             let wake = self
@@ -537,6 +615,7 @@ impl NodeLoop {
                     self.retry_saved_peers();
                     self.expire_clients();
                 }
+                _ = moves.tick() => self.log_moves(),
                 Some(members) = self.welcomes_rx.recv() => {
                     info!(members = members.len(), "a saved peer welcomed this node back");
                     let now = self.now();
