@@ -18,9 +18,8 @@ use crate::replica::{ClientReply, PeerBatch, ReplicaConfig, ShardHost};
 use crate::spec::{ClusterSpec, SpecFingerprint};
 use crate::timers::TimerQueue;
 use crate::wire::{
-    CopyProgress, DATAGRAM_SWIM, MAX_KEY_LEN, MemberView, MembersView, MoveView, NodeLoad, NodeRef,
-    ReplicaView, Request, Response, RingShare, RingView, ShardForView, ShardInfoView, StatusView,
-    WireMember,
+    DATAGRAM_SWIM, MAX_KEY_LEN, MemberView, MembersView, MoveView, NodeLoad, NodeRef, ReplicaView,
+    Request, Response, RingShare, RingView, ShardForView, ShardInfoView, StatusView, WireMember,
 };
 
 /// Tuning of failure detection and convergence. Times are durations on the caller's clock.
@@ -1062,14 +1061,7 @@ impl Cluster {
                 } else {
                     None
                 };
-                let copied = replica.snapshot_progress(&member.node).map(
-                    |(keys, keys_total, bytes, bytes_total)| CopyProgress {
-                        keys,
-                        keys_total,
-                        bytes,
-                        bytes_total,
-                    },
-                );
+                let copied = replica.snapshot_progress(&member.node);
                 ReplicaView {
                     node: self.node_ref(&member.node),
                     role: role.to_owned(),
@@ -1235,18 +1227,7 @@ impl Cluster {
             let copied = joining
                 .iter()
                 .filter_map(|node| replica.snapshot_progress(node))
-                .map(|(keys, keys_total, bytes, bytes_total)| CopyProgress {
-                    keys,
-                    keys_total,
-                    bytes,
-                    bytes_total,
-                })
-                .reduce(|a, b| CopyProgress {
-                    keys: a.keys + b.keys,
-                    keys_total: a.keys_total + b.keys_total,
-                    bytes: a.bytes + b.bytes,
-                    bytes_total: a.bytes_total + b.bytes_total,
-                });
+                .reduce(std::ops::Add::add);
             moves.push(MoveView {
                 shard,
                 leader: me.clone(),

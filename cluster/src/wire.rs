@@ -196,7 +196,7 @@ pub struct ReplicaView {
 }
 
 /// A snapshot transfer's progress: what the receiver acknowledged, of the whole.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct CopyProgress {
     /// Key-value pairs acknowledged.
     pub keys: u64,
@@ -206,6 +206,29 @@ pub struct CopyProgress {
     pub bytes: u64,
     /// Key and value bytes in the snapshot.
     pub bytes_total: u64,
+}
+
+impl CopyProgress {
+    /// The progress of all `transfers` together (zero for none).
+    pub fn total(transfers: impl IntoIterator<Item = CopyProgress>) -> CopyProgress {
+        transfers
+            .into_iter()
+            .fold(CopyProgress::default(), std::ops::Add::add)
+    }
+}
+
+impl std::ops::Add for CopyProgress {
+    type Output = CopyProgress;
+
+    /// Two transfers' progress together.
+    fn add(self, other: CopyProgress) -> CopyProgress {
+        CopyProgress {
+            keys: self.keys + other.keys,
+            keys_total: self.keys_total + other.keys_total,
+            bytes: self.bytes + other.bytes,
+            bytes_total: self.bytes_total + other.bytes_total,
+        }
+    }
 }
 
 /// One replica's state in brief, for comparing replicas (`node check`).

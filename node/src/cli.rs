@@ -8,7 +8,9 @@ use std::process::ExitCode;
 
 use anyhow::{Context, Result, bail};
 use bytes::Bytes;
-use cluster::wire::{self, MoveView, NodeRef, Request, Response, ShardInfoView, StatusView};
+use cluster::wire::{
+    self, CopyProgress, MoveView, NodeRef, Request, Response, ShardInfoView, StatusView,
+};
 use serde_json::{Value, json};
 use topology::NodeId;
 use transport::{ClientTls, Endpoint, Limits};
@@ -146,12 +148,7 @@ pub(crate) async fn shard_info(shard: u32, query: &QueryArgs) -> Result<ExitCode
                 "role": r.role,
                 "index": r.index,
                 "lag": r.lag,
-                "copied": r.copied.map(|c| json!({
-                    "keys": c.keys,
-                    "keys_total": c.keys_total,
-                    "bytes": c.bytes,
-                    "bytes_total": c.bytes_total,
-                })),
+                "copied": copy_json(r.copied),
             })).collect::<Vec<_>>(),
             "target": view.target,
             "joining": view.joining,
@@ -182,8 +179,6 @@ pub(crate) async fn shard_info(shard: u32, query: &QueryArgs) -> Result<ExitCode
                 "LAG".to_owned(),
                 "SNAPSHOT COPIED".to_owned(),
             ]];
-            let or_dash =
-                |value: Option<u64>| value.map_or_else(|| "-".to_owned(), |v| v.to_string());
             for replica in &view.replicas {
                 let copied = replica.copied.map_or_else(
                     || "-".to_owned(),
@@ -208,16 +203,8 @@ pub(crate) async fn shard_info(shard: u32, query: &QueryArgs) -> Result<ExitCode
             if !view.joining.is_empty() || !view.leaving.is_empty() {
                 say!(
                     "moving to: {}; away from: {}",
-                    if view.joining.is_empty() {
-                        "-".to_owned()
-                    } else {
-                        view.joining.join(" ")
-                    },
-                    if view.leaving.is_empty() {
-                        "-".to_owned()
-                    } else {
-                        view.leaving.join(" ")
-                    },
+                    names_or_dash(&view.joining),
+                    names_or_dash(&view.leaving),
                 );
             }
         }
@@ -381,13 +368,34 @@ fn move_json(moving: &MoveView) -> Value {
         "joining": moving.joining,
         "leaving": moving.leaving,
         "lag": moving.lag,
-        "copied": moving.copied.map(|c| json!({
+        "copied": copy_json(moving.copied),
+    })
+}
+
+fn copy_json(copied: Option<CopyProgress>) -> Value {
+    match copied {
+        Some(c) => json!({
             "keys": c.keys,
             "keys_total": c.keys_total,
             "bytes": c.bytes,
             "bytes_total": c.bytes_total,
-        })),
-    })
+        }),
+        None => Value::Null,
+    }
+}
+
+/// A value, or `-` for none.
+fn or_dash(value: Option<u64>) -> String {
+    value.map_or_else(|| "-".to_owned(), |value| value.to_string())
+}
+
+/// Node ids separated by spaces, or `-` for none.
+fn names_or_dash(names: &[String]) -> String {
+    if names.is_empty() {
+        "-".to_owned()
+    } else {
+        names.join(" ")
+    }
 }
 
 /// `node status`.
@@ -434,34 +442,18 @@ fn print_moves(moves: &[MoveView], silent: &[String]) {
     if moves.is_empty() {
         say!("no shard is moving");
     } else {
-        let (mut keys, mut keys_total, mut bytes, mut bytes_total) = (0, 0, 0, 0);
         let mut rows = vec![
             ["SHARD", "LEADER", "TO", "FROM", "LAG", "SNAPSHOT COPIED"]
                 .map(str::to_owned)
                 .to_vec(),
         ];
-        let list = |names: &[String]| {
-            if names.is_empty() {
-                "-".to_owned()
-            } else {
-                names.join(" ")
-            }
-        };
         for moving in moves {
-            if let Some(copied) = moving.copied {
-                keys += copied.keys;
-                keys_total += copied.keys_total;
-                bytes += copied.bytes;
-                bytes_total += copied.bytes_total;
-            }
             rows.push(vec![
                 moving.shard.to_string(),
                 moving.leader.to_string(),
-                list(&moving.joining),
-                list(&moving.leaving),
-                moving
-                    .lag
-                    .map_or_else(|| "-".to_owned(), |lag| lag.to_string()),
+                names_or_dash(&moving.joining),
+                names_or_dash(&moving.leaving),
+                or_dash(moving.lag),
                 moving.copied.map_or_else(
                     || "-".to_owned(),
                     |c| format!("{}/{} keys", c.keys, c.keys_total),
@@ -470,7 +462,14 @@ fn print_moves(moves: &[MoveView], silent: &[String]) {
         }
         say!("{} shards moving:", moves.len());
         emit(&table(&rows));
-        say!("snapshots under way: {keys}/{keys_total} keys, {bytes}/{bytes_total} bytes copied");
+        let copied = CopyProgress::total(moves.iter().filter_map(|moving| moving.copied));
+        say!(
+            "snapshots under way: {}/{} keys, {}/{} bytes copied",
+            copied.keys,
+            copied.keys_total,
+            copied.bytes,
+            copied.bytes_total
+        );
     }
     if !silent.is_empty() {
         say!("not answering (their moves unknown): {}", silent.join(" "));

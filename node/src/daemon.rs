@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
 use bytes::Bytes;
-use cluster::wire::{self, Request, Response, WireMember};
+use cluster::wire::{self, CopyProgress, Request, Response, WireMember};
 use cluster::{Cluster, ClusterSpec, Event, Identity, NodeMeta, RequestId, Transmit};
 use shardtable::{Placement, ReplicationFactor, ShardCount, TableSpec};
 use tokio::sync::mpsc;
@@ -523,16 +523,7 @@ impl NodeLoop {
         if !due && moves.len() == logged.moving {
             return;
         }
-        let copied = moves.iter().filter_map(|moving| moving.copied);
-        let (keys, keys_total, bytes, bytes_total) =
-            copied.fold((0, 0, 0, 0), |(k, kt, b, bt), c| {
-                (
-                    k + c.keys,
-                    kt + c.keys_total,
-                    b + c.bytes,
-                    bt + c.bytes_total,
-                )
-            });
+        let copied = CopyProgress::total(moves.iter().filter_map(|moving| moving.copied));
         let joining: BTreeSet<&str> = moves
             .iter()
             .flat_map(|moving| moving.joining.iter().map(String::as_str))
@@ -546,10 +537,10 @@ impl NodeLoop {
             joining = ?joining,
             leaving = ?leaving,
             max_lag = moves.iter().filter_map(|moving| moving.lag).max(),
-            snapshot_keys = keys,
-            snapshot_keys_total = keys_total,
-            snapshot_bytes = bytes,
-            snapshot_bytes_total = bytes_total,
+            snapshot_keys = copied.keys,
+            snapshot_keys_total = copied.keys_total,
+            snapshot_bytes = copied.bytes,
+            snapshot_bytes_total = copied.bytes_total,
             "shard moves under way (shards this node leads)"
         );
         logged.since.get_or_insert(now);

@@ -530,9 +530,32 @@ fn a_fourth_node_joins_during_writes() {
 
 /// Five idle nodes: every shard's voters become its target (learners added and promoted, the
 /// first node's surplus voter removed), as issue 5 asks of the join in
-/// [`a_fourth_node_joins_during_writes`].
+/// [`a_fourth_node_joins_during_writes`]; then `shard-info` asked of a node outside a shard
+/// answers from one of its replicas.
 #[test]
 fn five_nodes_settle_every_shard_to_its_target() {
     let cluster = Cluster::launch_with("kv-settle", 5, FLAGS);
-    wait_configs_match_target(&cluster, SHARDS, CONFIGS_SETTLE_WITHIN);
+    let configs = wait_configs_match_target(&cluster, SHARDS, CONFIGS_SETTLE_WITHIN);
+    // `shard-info` asked of a node that holds no replica answers from one that does.
+    let settled = &configs[0];
+    let outsider = (0..cluster.nodes().len())
+        .find(|&index| !settled.voters.contains(&cluster.node(index).id))
+        .expect("five nodes, three voters");
+    let answer = cluster.query(outsider, &["shard-info", "0"]);
+    let holders: Vec<String> = settled
+        .voters
+        .iter()
+        .map(|id| cluster.node(cluster.index_of(id)).addr.to_string())
+        .collect();
+    let answered_by = answer["answered_by"]
+        .as_str()
+        .unwrap_or_default()
+        .to_owned();
+    assert!(holders.contains(&answered_by), "{answer}");
+    assert_eq!(answer["state"], "stable", "{answer}");
+    assert_eq!(
+        answer["replicas"].as_array().map(Vec::len),
+        Some(3),
+        "{answer}"
+    );
 }

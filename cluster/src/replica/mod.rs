@@ -759,16 +759,21 @@ impl ShardReplica {
         }
     }
 
-    /// As a leader sending `node` a snapshot (R6): the pairs and bytes it acknowledged, and
-    /// those in the whole snapshot, as `(pairs, pairs_total, bytes, bytes_total)`.
-    pub fn snapshot_progress(&self, node: &NodeId) -> Option<(u64, u64, u64, u64)> {
+    /// As a leader sending `node` a snapshot (R6): the pairs and bytes it acknowledged, of
+    /// those in the whole snapshot.
+    pub fn snapshot_progress(&self, node: &NodeId) -> Option<crate::wire::CopyProgress> {
         let Role::Leader(leader) = &self.role else {
             return None;
         };
         let send = leader.snapshots.get(node)?;
-        let (pairs, bytes) = send.frozen.size_of_chunks(send.acked);
-        let (pairs_total, bytes_total) = send.frozen.size_of_chunks(u64::MAX);
-        Some((pairs, pairs_total, bytes, bytes_total))
+        let (keys, bytes) = send.frozen.size_of_chunks(send.acked);
+        let (keys_total, bytes_total) = send.frozen.size_of_chunks(u64::MAX);
+        Some(crate::wire::CopyProgress {
+            keys,
+            keys_total,
+            bytes,
+            bytes_total,
+        })
     }
 
     /// As a leader, the members whose promises opened its ballot (R2.3); else empty.

@@ -578,7 +578,7 @@ fn a_new_replica_behind_the_base_gets_a_snapshot_in_chunks_and_is_promoted() {
         // The leader reports the transfer's progress (`shard-info`), in acknowledged pairs
         // that only grow, up to the whole snapshot.
         let n3 = member(3).node;
-        let mut seen: Vec<(u64, u64, u64, u64)> = Vec::new();
+        let mut seen: Vec<cluster::wire::CopyProgress> = Vec::new();
         for _ in 0..2000 {
             group.run(Duration::from_millis(1));
             let progress = group.replicas[0].as_ref().unwrap().snapshot_progress(&n3);
@@ -588,16 +588,23 @@ fn a_new_replica_behind_the_base_gets_a_snapshot_in_chunks_and_is_promoted() {
                 seen.push(progress);
             }
         }
-        let (_, keys_total, _, bytes_total) = *seen.first().expect("a snapshot was sent");
-        assert!(keys_total >= 60 && bytes_total > 0, "{seen:?}; seed {seed}");
+        let first = *seen.first().expect("a snapshot was sent");
         assert!(
-            seen.windows(2)
-                .all(|pair| pair[0].0 <= pair[1].0 && pair[0].2 <= pair[1].2),
+            first.keys_total >= 60 && first.bytes_total > 0,
             "{seen:?}; seed {seed}"
         );
         assert!(
             seen.iter()
-                .any(|(keys, total, _, _)| 0 < *keys && keys < total),
+                .all(|p| p.keys_total == first.keys_total && p.bytes_total == first.bytes_total),
+            "one snapshot's totals: {seen:?}; seed {seed}"
+        );
+        assert!(
+            seen.windows(2)
+                .all(|pair| pair[0].keys <= pair[1].keys && pair[0].bytes <= pair[1].bytes),
+            "{seen:?}; seed {seed}"
+        );
+        assert!(
+            seen.iter().any(|p| 0 < p.keys && p.keys < p.keys_total),
             "progress seen part way: {seen:?}; seed {seed}"
         );
         assert_eq!(
