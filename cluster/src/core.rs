@@ -1198,6 +1198,7 @@ impl Cluster {
             shards_without_leader,
             shards_under_replicated,
             moving: self.moves_led_here(),
+            held: self.held(),
         }
     }
 

@@ -18,9 +18,9 @@ use crate::Error;
 use crate::core::Cluster;
 use crate::replica::{
     ClientOp, ClientReply, Config, Durable, HostBatchId, HostPersist, Member, RequestTag,
-    ShardHost, StorageId,
+    ShardHost, SnapshotRead, SnapshotReadReply, StorageId,
 };
-use crate::wire::{MAX_KEY_LEN, ShardDigest};
+use crate::wire::{HeldView, MAX_KEY_LEN, ShardDigest};
 
 impl Cluster {
     /// Restarts the shards this node's disk holds.
@@ -167,6 +167,28 @@ impl Cluster {
     /// Group commit `batch` is durable.
     pub fn handle_persisted(&mut self, now: Duration, batch: HostBatchId) {
         self.host.handle_persisted(now, batch);
+    }
+
+    /// The next read of the disk for a snapshot transfer (R6); answer it with
+    /// [`handle_snapshot_read`](Self::handle_snapshot_read), each shard's in order.
+    pub fn poll_snapshot_read(&mut self) -> Option<(u16, SnapshotRead)> {
+        self.host.poll_snapshot_read()
+    }
+
+    /// The answer to a [`SnapshotRead`] of `shard`.
+    pub fn handle_snapshot_read(&mut self, now: Duration, shard: u16, reply: SnapshotReadReply) {
+        self.host.handle_snapshot_read(now, shard, reply);
+    }
+
+    /// The replicas this node stores (not tombstoned) and their keys (`status`'s `held`).
+    pub fn held(&self) -> HeldView {
+        self.host
+            .replicas()
+            .filter(|(_, replica)| replica.durable().tombstone.is_none())
+            .fold(HeldView::default(), |held, (_, replica)| HeldView {
+                shards: held.shards + 1,
+                keys: held.keys + replica.durable().kv.len() as u64,
+            })
     }
 
     /// Each held replica's applied index and a checksum of its key-value state (tombstoned

@@ -340,6 +340,18 @@ pub struct StatusView {
     /// The shards the answering node leads whose voters are not yet placement's target, in
     /// shard order. Every leader reports its own: `node status` asks every live member.
     pub moving: Vec<MoveView>,
+    /// What the answering node stores.
+    pub held: HeldView,
+}
+
+/// The data one node stores: its replicas that are not tombstoned, and their keys at each
+/// one's applied index (a learner's partial snapshot is not counted).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+pub struct HeldView {
+    /// Shards.
+    pub shards: u32,
+    /// Keys, summed over those shards.
+    pub keys: u64,
 }
 
 /// A shard moving between nodes, as its leader sees it.

@@ -60,6 +60,10 @@ pub(crate) struct BenchArgs {
     /// Run this many operations in all, then stop.
     #[arg(long, env = "SLOTRING_REQUESTS")]
     pub(crate) requests: Option<u64>,
+    /// Operation `k` uses key `k mod --keys` instead of a random one, so `--requests N` with
+    /// `--keys N` and a read ratio of 0 writes every key exactly once (a fill).
+    #[arg(long, env = "SLOTRING_SEQUENTIAL")]
+    pub(crate) sequential: bool,
     /// Seeds the key choice (default: random), for a run that repeats its key sequence.
     #[arg(long, env = "SLOTRING_SEED")]
     pub(crate) seed: Option<u64>,
@@ -94,6 +98,8 @@ struct Plan {
     stop: Stop,
     timeout: Duration,
     seed: u64,
+    /// Keys in operation order rather than random.
+    sequential: bool,
     /// Operations per second, when paced.
     rate: Option<f64>,
 }
@@ -150,6 +156,7 @@ impl Plan {
             stop,
             timeout: args.query.timeout(),
             seed: args.seed.unwrap_or_else(rand::random),
+            sequential: args.sequential,
         })
     }
 
@@ -398,9 +405,9 @@ struct Gate {
 }
 
 impl Gate {
-    /// The next operation's start: when it is due (paced by `--rate`) or now; `None` once the
-    /// run is over.
-    fn next(&self) -> Option<Instant> {
+    /// The next operation's number and start: when it is due (paced by `--rate`) or now;
+    /// `None` once the run is over.
+    fn next(&self) -> Option<(u64, Instant)> {
         let number = self.started.fetch_add(1, Ordering::Relaxed);
         let due = match self.rate {
             Some(rate) => self.start + Duration::from_secs_f64(number as f64 / rate),
@@ -410,7 +417,7 @@ impl Gate {
             Stop::After(duration) => due.duration_since(self.start) < duration,
             Stop::Requests(n) => number < n.get(),
         };
-        more.then_some(due)
+        more.then_some((number, due))
     }
 }
 
@@ -486,11 +493,16 @@ pub(crate) async fn run(args: &BenchArgs) -> Result<ExitCode> {
             .seed
             .wrapping_add(u64::from(index).wrapping_mul(0x9E37_79B9_7F4A_7C15));
         let (keys, read_ratio, timeout) = (plan.keys, plan.read_ratio, plan.timeout);
+        let sequential = plan.sequential;
         loops.spawn(async move {
             let mut rng = StdRng::seed_from_u64(seed);
-            while let Some(due) = gate.next() {
+            while let Some((number, due)) = gate.next() {
                 tokio::time::sleep_until(due.into()).await;
-                let key = key_name(pick_key(&mut rng, keys));
+                let key = key_name(if sequential {
+                    number % keys.get()
+                } else {
+                    pick_key(&mut rng, keys)
+                });
                 let read = pick_read(&mut rng, read_ratio);
                 let op = if read {
                     ClientOp::Get { key }
@@ -725,6 +737,7 @@ impl Report {
             "read_ratio": plan.read_ratio,
             "timeout_s": plan.timeout.as_secs_f64(),
             "seed": plan.seed,
+            "sequential": plan.sequential,
             "rate": plan.rate,
             "elapsed_s": self.secs(),
             "first_error": self.first_error,
@@ -781,10 +794,11 @@ impl Report {
             .rate
             .map_or_else(String::new, |rate| format!(", paced at {rate} ops/s"));
         let mut out = format!(
-            "{} clients × {} in flight, {} keys, {} B values, read ratio {}{paced}, {:.2} s against {}\n",
+            "{} clients × {} in flight, {} keys{}, {} B values, read ratio {}{paced}, {:.2} s against {}\n",
             plan.clients,
             plan.pipeline,
             plan.keys,
+            if plan.sequential { " in order" } else { "" },
             plan.value_size,
             plan.read_ratio,
             self.secs(),
@@ -837,9 +851,15 @@ mod tests {
             started: AtomicU64::new(0),
             rate: Some(4.0),
         };
-        let due: Vec<Duration> = std::iter::from_fn(|| gate.next())
-            .map(|at| at.duration_since(start))
+        let started: Vec<(u64, Duration)> = std::iter::from_fn(|| gate.next())
+            .map(|(number, at)| (number, at.duration_since(start)))
             .collect();
+        let (numbers, due): (Vec<u64>, Vec<Duration>) = started.into_iter().unzip();
+        assert_eq!(
+            numbers,
+            [0, 1, 2, 3],
+            "operations are numbered in start order"
+        );
         assert_eq!(
             due,
             [0, 250, 500, 750].map(Duration::from_millis).to_vec(),
@@ -857,6 +877,8 @@ mod tests {
         assert_eq!(plan.read_ratio, 0.0);
         assert_eq!(plan.stop, Stop::After(Duration::from_secs(10)));
         assert_eq!(plan.loops(), 50);
+        assert!(!plan.sequential);
+        assert!(self::plan(&["--sequential"]).unwrap().sequential);
     }
 
     #[test]

@@ -1,6 +1,7 @@
 //! The command-line client: certificates, and queries to a running node rendered as a table or
 //! as versioned JSON.
 
+use std::collections::BTreeMap;
 use std::fmt::Write as _;
 use std::net::SocketAddr;
 use std::path::Path;
@@ -9,7 +10,7 @@ use std::process::ExitCode;
 use anyhow::{Context, Result, bail};
 use bytes::Bytes;
 use cluster::wire::{
-    self, CopyProgress, MoveView, NodeRef, Request, Response, ShardInfoView, StatusView,
+    self, CopyProgress, HeldView, MoveView, NodeRef, Request, Response, ShardInfoView, StatusView,
 };
 use serde_json::{Value, json};
 use topology::NodeId;
@@ -317,7 +318,7 @@ pub(crate) async fn members(query: &QueryArgs) -> Result<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
-fn status_json(view: &StatusView) -> Value {
+fn status_json(view: &StatusView, held: &BTreeMap<String, HeldView>) -> Value {
     json!({
         "version": 1,
         "node": view.node.as_str(),
@@ -334,31 +335,48 @@ fn status_json(view: &StatusView) -> Value {
             "generation": n.member.generation,
             "leads": n.leads,
             "replicates": n.replicates,
+            "held": held.get(n.member.id.as_str()).map(|h| json!({"shards": h.shards, "keys": h.keys})),
         })).collect::<Vec<_>>(),
     })
 }
 
-/// The shards moving anywhere: every live member reports those it leads (the asked node's
-/// answer `view` included); a member that does not answer is named in the second list.
-async fn moves_everywhere(
+/// What every live member reports about itself: the shards moving (each leader reports those
+/// it leads; the asked node's answer `view` included), what each stores, and the members that
+/// did not answer.
+struct Everywhere {
+    moves: Vec<MoveView>,
+    held: BTreeMap<String, HeldView>,
+    silent: Vec<String>,
+}
+
+/// Asks every live member of `view` for its status, one after another.
+async fn status_everywhere(
     endpoint: &Endpoint,
     view: &StatusView,
     query: &QueryArgs,
-) -> (Vec<MoveView>, Vec<String>) {
-    let mut moves = view.moving.clone();
-    let mut silent = Vec::new();
+) -> Everywhere {
+    let mut everywhere = Everywhere {
+        moves: view.moving.clone(),
+        held: BTreeMap::from([(view.node.to_string(), view.held)]),
+        silent: Vec::new(),
+    };
     for node in &view.nodes {
         let live = node.member.state == "alive" || node.member.state == "suspect";
         if !live || node.member.id == view.node {
             continue;
         }
         match ask(endpoint, node.member.addr, &Request::Status, query).await {
-            Ok(Response::Status(theirs)) => moves.extend(theirs.moving),
-            _ => silent.push(node.member.id.to_string()),
+            Ok(Response::Status(theirs)) => {
+                everywhere.moves.extend(theirs.moving);
+                everywhere
+                    .held
+                    .insert(node.member.id.to_string(), theirs.held);
+            }
+            _ => everywhere.silent.push(node.member.id.to_string()),
         }
     }
-    moves.sort_by_key(|moving| moving.shard);
-    (moves, silent)
+    everywhere.moves.sort_by_key(|moving| moving.shard);
+    everywhere
 }
 
 fn move_json(moving: &MoveView) -> Value {
@@ -404,10 +422,14 @@ pub(crate) async fn status(query: &QueryArgs) -> Result<ExitCode> {
     let Response::Status(view) = ask(&endpoint, query.addr, &Request::Status, query).await? else {
         bail!("unexpected answer from {}", query.addr);
     };
-    let (moves, silent) = moves_everywhere(&endpoint, &view, query).await;
+    let Everywhere {
+        moves,
+        held,
+        silent,
+    } = status_everywhere(&endpoint, &view, query).await;
     match query.output {
         Output::Json => {
-            let mut json = status_json(&view);
+            let mut json = status_json(&view, &held);
             json["moving"] = moves.iter().map(move_json).collect();
             json["moving_unknown_from"] = json!(silent);
             print_json(&json);
@@ -416,11 +438,14 @@ pub(crate) async fn status(query: &QueryArgs) -> Result<ExitCode> {
             say!("{}", view.spec);
             say!("table {} as seen by {}", view.digest, view.node);
             let mut rows = vec![
-                ["ID", "ADDRESS", "STATE", "GEN", "LEADS", "REPLICAS"]
-                    .map(str::to_owned)
-                    .to_vec(),
+                [
+                    "ID", "ADDRESS", "STATE", "GEN", "LEADS", "REPLICAS", "HELD", "KEYS",
+                ]
+                .map(str::to_owned)
+                .to_vec(),
             ];
             for n in &view.nodes {
+                let stored = held.get(n.member.id.as_str());
                 rows.push(vec![
                     n.member.id.to_string(),
                     n.member.addr.to_string(),
@@ -428,6 +453,8 @@ pub(crate) async fn status(query: &QueryArgs) -> Result<ExitCode> {
                     n.member.generation.to_string(),
                     n.leads.to_string(),
                     n.replicates.to_string(),
+                    or_dash(stored.map(|h| u64::from(h.shards))),
+                    or_dash(stored.map(|h| h.keys)),
                 ]);
             }
             emit(&table(&rows));
@@ -567,8 +594,7 @@ pub(crate) async fn check(query: &QueryArgs) -> Result<ExitCode> {
         ),
     ));
     // Replica checksums: replicas of a shard at the same applied index must hold the same state.
-    let mut replicas: std::collections::BTreeMap<u16, Vec<(String, u64, [u8; 32])>> =
-        std::collections::BTreeMap::new();
+    let mut replicas: BTreeMap<u16, Vec<(String, u64, [u8; 32])>> = BTreeMap::new();
     for node in &live {
         match ask(&endpoint, node.member.addr, &Request::ShardDigests, query).await {
             Ok(Response::ShardDigests(digests)) => {

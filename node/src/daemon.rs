@@ -17,7 +17,7 @@ use transport::{Endpoint, Inbound, Limits, NodeTls, PeerIdentity, RequestError};
 
 use crate::DaemonArgs;
 use crate::datadir::DataDir;
-use crate::store::{Store, StoreHandle, StoreWorker};
+use crate::store::{SnapshotReader, Store, StoreHandle, StoreWorker};
 
 /// How long a peer request (sync, leave notice) may take.
 const PEER_REQUEST_TIMEOUT: Duration = Duration::from_secs(2);
@@ -218,7 +218,8 @@ pub(crate) async fn run(args: DaemonArgs) -> Result<ExitCode> {
         }
         info!(held, bootstrapping, "shards opened");
         let store = StoreWorker::spawn(opened.store)?;
-        let mut node = NodeLoop::new(core, endpoint, started, data_dir, store);
+        let views = store.snapshot_reader()?;
+        let mut node = NodeLoop::new(core, endpoint, started, data_dir, store, views);
         if !welcome.is_empty() {
             node.core.join(node.now(), welcome);
         }
@@ -448,6 +449,8 @@ struct NodeLoop {
     welcomes_rx: mpsc::UnboundedReceiver<Vec<WireMember>>,
     /// The storage thread: group commits go in, durable batch ids come out.
     store: StoreHandle,
+    /// The snapshot view thread: leaders' reads of the disk for snapshot transfers (R6).
+    views: SnapshotReader,
     /// Client requests waiting for their shard's answer, by token.
     clients: HashMap<u64, (Instant, transport::Responder)>,
     next_token: u64,
@@ -476,6 +479,7 @@ impl NodeLoop {
         started: Instant,
         data_dir: DataDir,
         store: StoreHandle,
+        views: SnapshotReader,
     ) -> Self {
         let (answers_tx, answers_rx) = mpsc::unbounded_channel();
         let (welcomes_tx, welcomes_rx) = mpsc::unbounded_channel();
@@ -492,6 +496,7 @@ impl NodeLoop {
             welcomes_tx,
             welcomes_rx,
             store,
+            views,
             clients: HashMap::new(),
             next_token: 0,
             client_backlog: Backlog::new(MAX_CLIENT_BACKLOG),
@@ -635,6 +640,10 @@ impl NodeLoop {
                 Some((id, answer)) = self.answers_rx.recv() => {
                     let now = self.now();
                     self.core.handle_response(now, id, answer);
+                }
+                Some((shard, reply)) = self.views.answer() => {
+                    let now = self.now();
+                    self.core.handle_snapshot_read(now, shard, reply);
                 }
                 durable = self.store.durable() => {
                     // R0: a failed commit aborts the node (its state may be half-written).
@@ -826,6 +835,9 @@ impl NodeLoop {
         }
         while let Some(persist) = self.core.poll_persist() {
             self.store.submit(persist)?;
+        }
+        while let Some((shard, read)) = self.core.poll_snapshot_read() {
+            self.views.ask(shard, read)?;
         }
         while let Some((token, reply)) = self.core.poll_client_reply() {
             if let Some((_, responder)) = self.clients.remove(&token) {

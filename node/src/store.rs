@@ -26,8 +26,9 @@
 //! Every state the disk can be in is "the shard tables as of some fold, plus the log's records
 //! from `next_unfolded` on", and opening folds the latter.
 //!
-//! A [`ShardSnapshot`] reads the shard tables, so it sees the state as of the last fold; call
-//! [`Store::fold`] first for the latest.
+//! A [`ShardView`] reads the shard tables, so it sees the state as of the last fold; call
+//! [`Store::fold`] first for the latest. A [`SnapshotReader`] thread holds the views of snapshot
+//! transfers ([`views`]).
 //!
 //! What it does not do: merge batches (the host has at most one outstanding), retry a failed
 //! commit or fold (after a failed fsync the disk's state is unknown: the node aborts, R0),
@@ -62,8 +63,8 @@ use cluster::replica::{
     Tombstone,
 };
 use redb::{
-    Database, Durability, ReadOnlyTable, ReadableDatabase, ReadableTable, Table, TableDefinition,
-    TableHandle, WriteTransaction,
+    Database, Durability, ReadableDatabase, ReadableTable, Table, TableDefinition, TableHandle,
+    WriteTransaction,
 };
 use serde::{Deserialize, Serialize};
 use tokio::sync::mpsc as tokio_mpsc;
@@ -315,11 +316,11 @@ impl Store {
         self.wal.release(self.folder.next_unfolded)
     }
 
-    /// A consistent view of one shard's key-value pairs (a redb read transaction) as of the
+    /// A consistent view of one shard's applied state (a redb read transaction) as of the
     /// last fold: what a leader streams to a learner (R6). Later commits do not change it.
     #[cfg(test)]
-    pub(crate) fn read_snapshot(&self, shard: u16) -> Result<ShardSnapshot> {
-        read_snapshot(&self.folder.db, shard)
+    pub(crate) fn view(&self, shard: u16) -> Result<Option<ShardView>> {
+        ShardView::open(&self.folder.db, shard)
     }
 }
 
@@ -405,53 +406,6 @@ impl Folder {
         txn.set_durability(Durability::Immediate)
             .context("asking for immediate durability")?;
         Ok(txn)
-    }
-}
-
-// Not called by the daemon yet: learners still get the leader's in-memory state (issue 6 moves
-// snapshots onto these read transactions).
-#[allow(dead_code)]
-fn read_snapshot(db: &Database, shard: u16) -> Result<ShardSnapshot> {
-    let txn = db.begin_read().context("starting a read transaction")?;
-    let kv = txn.open_table(KV).context("opening the kv table")?;
-    Ok(ShardSnapshot { shard, kv })
-}
-
-/// One shard's key-value pairs as of one read transaction, in key order.
-#[derive(Debug)]
-#[allow(dead_code)]
-pub(crate) struct ShardSnapshot {
-    shard: u16,
-    kv: ReadOnlyTable<(u16, &'static [u8]), &'static [u8]>,
-}
-
-#[allow(dead_code)]
-impl ShardSnapshot {
-    /// The pairs with keys after `after` (all of them for `None`), in key order, up to about
-    /// `max_bytes` of keys and values (at least one pair if any remain): one snapshot chunk.
-    pub(crate) fn chunk(
-        &self,
-        after: Option<&[u8]>,
-        max_bytes: usize,
-    ) -> Result<Vec<(Vec<u8>, Vec<u8>)>> {
-        let start = match after {
-            Some(key) => Bound::Excluded((self.shard, key)),
-            None => Bound::Included((self.shard, &[][..])),
-        };
-        let (_, end) = kv_range(self.shard);
-        let mut pairs = Vec::new();
-        let mut size = 0usize;
-        for row in self.kv.range::<(u16, &[u8])>((start, end))? {
-            let (key, value) = row?;
-            let (key, value) = (key.value().1.to_vec(), value.value().to_vec());
-            let bytes = key.len() + value.len();
-            if !pairs.is_empty() && size + bytes > max_bytes {
-                break;
-            }
-            size += bytes;
-            pairs.push((key, value));
-        }
-        Ok(pairs)
     }
 }
 
@@ -1083,11 +1037,9 @@ impl StoreHandle {
             .ok_or_else(|| anyhow!("the store thread has stopped; batch {batch} was not queued"))
     }
 
-    /// [`Store::read_snapshot`], while the worker commits: the view holds what was folded
-    /// when it was taken.
-    #[allow(dead_code)]
-    pub(crate) fn read_snapshot(&self, shard: u16) -> Result<ShardSnapshot> {
-        read_snapshot(&self.db, shard)
+    /// A [`SnapshotReader`] on this store's database: its views see what the folds wrote.
+    pub(crate) fn snapshot_reader(&self) -> Result<SnapshotReader> {
+        SnapshotReader::spawn(Arc::clone(&self.db))
     }
 
     /// The next batch made durable, in submission order; an error if a commit or fold failed
@@ -1123,4 +1075,9 @@ impl Drop for StoreHandle {
 
 #[cfg(test)]
 mod tests;
+mod views;
 mod wal;
+
+#[cfg(test)]
+use self::views::ShardView;
+pub(crate) use self::views::SnapshotReader;

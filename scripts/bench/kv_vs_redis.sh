@@ -41,16 +41,9 @@ VALUE=100
 [[ -f .cluster/size ]] &&
     { echo "a cluster from scripts/cluster.sh already exists in .cluster: 'scripts/cluster.sh down --purge' first" >&2; exit 1; }
 
-# --- redis installation, as scripts/bench/redis_failover.sh does it ---
-if ! command -v redis-server >/dev/null || ! command -v redis-cli >/dev/null ||
-    ! command -v redis-benchmark >/dev/null; then
-    echo "redis not found, installing with apt-get" >&2
-    export DEBIAN_FRONTEND=noninteractive
-    SUDO=; ((EUID == 0)) || SUDO=sudo
-    $SUDO apt-get update -qq
-    $SUDO apt-get install -y -qq redis-tools >/dev/null
-    command -v redis-server >/dev/null || $SUDO apt-get install -y -qq redis-server redis-tools >/dev/null
-fi
+# shellcheck source=scripts/bench/redis_cluster.sh
+source scripts/bench/redis_cluster.sh
+redis_install
 
 TARGET=${CARGO_TARGET_DIR:-target}
 case $TARGET in /*) ;; *) TARGET=$ROOT/$TARGET ;; esac
@@ -58,16 +51,10 @@ BIN=$TARGET/release/node
 mkdir -p scripts/bench/results
 OUT=scripts/bench/results/kv_vs_redis-$(date +%F).txt
 WORK=$(mktemp -d "${TMPDIR:-/tmp}/kv-vs-redis.XXXXXX")
-REDIS_PIDS=()
 SLOTRING_UP=
 
 cleanup() {
-    local pid
-    {
-        for pid in "${REDIS_PIDS[@]}"; do kill -9 "$pid" || true; done
-        for pid in "${REDIS_PIDS[@]}"; do wait "$pid" || true; done
-    } 2>/dev/null
-    REDIS_PIDS=()
+    redis_down
     if [[ -n $SLOTRING_UP ]]; then
         scripts/cluster.sh down --purge >/dev/null 2>&1 || true
         SLOTRING_UP=
@@ -164,70 +151,6 @@ SLOTRING_UP=
 
 # ------------------------------------------------------------------------------------------
 # Redis Cluster
-
-port_in_use() { (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
-cli() { redis-cli -h 127.0.0.1 -p "$@"; }
-
-# redis_up DIR EXTRA_CONF: a fresh 3+3 cluster; waits until every node says cluster_state:ok
-# and every replica's link is up.
-redis_up() {
-    local dir=$1 extra=$2 i port addrs=() deadline
-    for ((i = 0; i < 6; i++)); do
-        port=$((REDIS_BASE + i))
-        if port_in_use "$port" || port_in_use $((port + 10000)); then
-            echo "port $port or $((port + 10000)) on 127.0.0.1 is in use" >&2
-            return 1
-        fi
-        mkdir -p "$dir/$port"
-        cat >"$dir/$port/redis.conf" <<EOF
-bind 127.0.0.1
-port $port
-dir $dir/$port
-daemonize no
-logfile $dir/$port/redis.log
-cluster-enabled yes
-cluster-config-file nodes.conf
-cluster-node-timeout 5000
-save ""
-$extra
-EOF
-        redis-server "$dir/$port/redis.conf" &
-        REDIS_PIDS+=($!)
-        addrs+=("127.0.0.1:$port")
-    done
-    deadline=$((SECONDS + 30))
-    for ((i = 0; i < 6; i++)); do
-        until [[ $(cli $((REDIS_BASE + i)) ping 2>/dev/null) == PONG ]]; do
-            ((SECONDS < deadline)) || { echo "redis did not answer PING" >&2; return 1; }
-            sleep 0.05
-        done
-    done
-    redis-cli --cluster create "${addrs[@]}" --cluster-replicas 1 --cluster-yes >"$dir/create.log" 2>&1 ||
-        { cat "$dir/create.log" >&2; return 1; }
-    until redis_healthy; do
-        ((SECONDS < deadline)) || { echo "redis cluster not healthy after 30 s" >&2; return 1; }
-        sleep 0.1
-    done
-}
-
-# Every node says cluster_state:ok, every primary has its replica, every replica's link is up.
-redis_healthy() {
-    local i view
-    for ((i = 0; i < 6; i++)); do
-        [[ $(cli $((REDIS_BASE + i)) cluster info 2>/dev/null) == *cluster_state:ok* ]] || return 1
-        view=$(cli $((REDIS_BASE + i)) info replication 2>/dev/null | tr -d '\r')
-        [[ $view == *role:master*connected_slaves:1* || $view == *master_link_status:up* ]] || return 1
-    done
-}
-
-redis_down() {
-    local pid
-    {
-        for pid in "${REDIS_PIDS[@]}"; do kill -9 "$pid" || true; done
-        for pid in "${REDIS_PIDS[@]}"; do wait "$pid" || true; done
-    } 2>/dev/null
-    REDIS_PIDS=()
-}
 
 # rb_csv TEST PIPELINE N: one redis-benchmark run; prints "rps p50_ms p99_ms".
 rb_csv() {

@@ -9,7 +9,7 @@ use topology::NodeId;
 
 use super::{
     BatchId, ClientOp, ClientReply, Config, Durable, Member, Message, Op, Persist, RejectReason,
-    ReplicaConfig, RequestTag, ShardReplica, StorageId,
+    ReplicaConfig, RequestTag, ShardReplica, SnapshotRead, SnapshotReadReply, StorageId,
 };
 
 /// About how many bytes of keys and values one [`PeerBatch`] carries at most (a single larger
@@ -87,6 +87,7 @@ pub struct ShardHost {
     waiting: VecDeque<(Option<HostBatchId>, NodeId, u16, Member, Message)>,
     ready: BTreeMap<NodeId, Vec<(u16, Member, Message)>>,
     replies: VecDeque<(u16, RequestTag, ClientReply)>,
+    reads: VecDeque<(u16, SnapshotRead)>,
 }
 
 impl ShardHost {
@@ -108,6 +109,7 @@ impl ShardHost {
             waiting: VecDeque::new(),
             ready: BTreeMap::new(),
             replies: VecDeque::new(),
+            reads: VecDeque::new(),
         }
     }
 
@@ -301,6 +303,20 @@ impl ShardHost {
         self.replies.pop_front()
     }
 
+    /// The next read of this node's disk for a snapshot transfer (R6): answer `Open` and
+    /// `Chunk` with [`handle_snapshot_read`](Self::handle_snapshot_read), each shard's in order.
+    pub fn poll_snapshot_read(&mut self) -> Option<(u16, SnapshotRead)> {
+        self.reads.pop_front()
+    }
+
+    /// The answer to a [`SnapshotRead`] of `shard`.
+    pub fn handle_snapshot_read(&mut self, now: Duration, shard: u16, reply: SnapshotReadReply) {
+        if let Some(replica) = self.replicas.get_mut(&shard) {
+            replica.handle_snapshot_read(now, reply);
+            self.drain(now, shard);
+        }
+    }
+
     /// When [`handle_timeout`](Self::handle_timeout) next has work.
     pub fn poll_timeout(&self) -> Option<Duration> {
         self.deadlines.first().map(|(at, _)| *at)
@@ -320,6 +336,9 @@ impl ShardHost {
         }
         while let Some((tag, reply)) = replica.poll_reply() {
             self.replies.push_back((shard, tag, reply));
+        }
+        while let Some(read) = replica.poll_snapshot_read() {
+            self.reads.push_back((shard, read));
         }
         let deadline = replica.poll_timeout().map(|(at, _)| at);
         if self.deadline_of.get(&shard).copied() != deadline {

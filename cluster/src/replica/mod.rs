@@ -3,24 +3,26 @@
 //! check-quorum), sans-IO.
 //!
 //! Logs are compacted after applying (`ReplicaConfig::compact_after`), and a replica that needs
-//! compacted entries receives a snapshot (R6): the leader's state frozen at its applied index,
-//! streamed in digest-checked chunks and installed in one change.
+//! compacted entries receives a snapshot (R6): a view of the leader's durable state that its
+//! shell reads off the disk (`snapshot.rs`), streamed in digest-checked chunks and installed in
+//! one change.
 //!
 //! What it does not do (yet): leases, `(client, req)` deduplication, R6's write throttle when a
 //! learner never catches up, and giving up on a learner after `T_catchup`.
 
 mod bytes;
 mod host;
+mod snapshot;
 mod types;
 
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
-use std::sync::Arc;
 
 use core::time::Duration;
 
 use topology::NodeId;
 
 pub use self::host::{FRAME_BUDGET, HostBatchId, HostPersist, PeerBatch, ShardHost};
+pub use self::snapshot::{MemoryViews, Pairs, SnapshotRead, SnapshotReadReply, ViewId};
 pub use self::types::{
     Ballot, ClientOp, ClientReply, Config, Entry, Member, Message, NackReason, Op, Pos,
     RejectReason, RequestTag, StorageId, snapshot_digest,
@@ -392,89 +394,8 @@ pub struct Leader {
     fresh_from: BTreeMap<NodeId, u64>,
     /// The last client operation or config change.
     last_activity: Duration,
-    /// The state frozen for snapshots, shared by every transfer that started from it.
-    frozen: Option<Arc<Frozen>>,
     /// Snapshot transfers in progress (R6), per member.
     snapshots: BTreeMap<NodeId, SnapshotSend>,
-}
-
-/// Key-value pairs in key order, as a snapshot chunk carries them.
-type Pairs = Vec<(Vec<u8>, Vec<u8>)>;
-
-/// A leader's state frozen at its applied index for snapshots: taken once, shared by every
-/// replica that needs it, cut into chunks by key.
-#[derive(Debug, Clone, PartialEq, Eq, Hash)]
-struct Frozen {
-    base: Base,
-    kv: BTreeMap<Vec<u8>, Vec<u8>>,
-    /// The first key of each chunk (none for an empty state: one empty chunk).
-    starts: Vec<Vec<u8>>,
-    /// Each chunk's pairs and key and value bytes, for progress reports.
-    sizes: Vec<(u64, u64)>,
-}
-
-impl Frozen {
-    fn new(base: Base, kv: BTreeMap<Vec<u8>, Vec<u8>>, chunk_bytes: usize) -> Self {
-        let mut starts = Vec::new();
-        let mut sizes: Vec<(u64, u64)> = Vec::new();
-        let mut size = 0usize;
-        for (key, value) in &kv {
-            let pair = key.len() + value.len() + 16;
-            if starts.is_empty() || size + pair > chunk_bytes.max(1) && size > 0 {
-                starts.push(key.clone());
-                sizes.push((0, 0));
-                size = 0;
-            }
-            size += pair;
-            if let Some((pairs, bytes)) = sizes.last_mut() {
-                *pairs += 1;
-                *bytes += (key.len() + value.len()) as u64;
-            }
-        }
-        Frozen {
-            base,
-            kv,
-            starts,
-            sizes,
-        }
-    }
-
-    /// Pairs and bytes in chunks `..upto`.
-    fn size_of_chunks(&self, upto: u64) -> (u64, u64) {
-        let upto = usize::try_from(upto).unwrap_or(usize::MAX);
-        self.sizes
-            .iter()
-            .take(upto)
-            .fold((0, 0), |(pairs, bytes), (p, b)| (pairs + p, bytes + b))
-    }
-
-    fn chunks(&self) -> u64 {
-        self.starts.len().max(1) as u64
-    }
-
-    /// Chunk `seq`'s pairs, and whether it is the last.
-    fn chunk(&self, seq: u64) -> (Pairs, bool) {
-        let last = seq + 1 >= self.chunks();
-        let Some(start) = usize::try_from(seq).ok().and_then(|i| self.starts.get(i)) else {
-            return (Vec::new(), last);
-        };
-        let end = usize::try_from(seq + 1)
-            .ok()
-            .and_then(|i| self.starts.get(i));
-        let pairs = match end {
-            Some(end) => self
-                .kv
-                .range::<Vec<u8>, _>(start..end)
-                .map(|(k, v)| (k.clone(), v.clone()))
-                .collect(),
-            None => self
-                .kv
-                .range::<Vec<u8>, _>(start..)
-                .map(|(k, v)| (k.clone(), v.clone()))
-                .collect(),
-        };
-        (pairs, last)
-    }
 }
 
 /// A received `Snapshot` chunk, unpacked.
@@ -488,11 +409,25 @@ struct SnapshotChunk {
     digest: [u8; 32],
 }
 
-/// One snapshot transfer from a leader (R6).
+/// One snapshot transfer from a leader (R6): a view of the leader's disk, read one chunk at a
+/// time as the receiver acknowledges. Only the chunks in flight are held; one sent again is
+/// read again, from the key its predecessor ended with.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 struct SnapshotSend {
     to: Member,
-    frozen: Arc<Frozen>,
+    view: ViewId,
+    /// The view's base and its pairs and bytes, once the shell opened it.
+    opened: Option<(Base, u64, u64)>,
+    /// For each chunk whose start is known, the key it starts after (`None`: the first).
+    afters: Vec<Option<Vec<u8>>>,
+    /// Each chunk read so far: its pairs and bytes.
+    sizes: Vec<(u64, u64)>,
+    /// How many chunks there are, once the last was read.
+    total: Option<u64>,
+    /// The pairs of chunks `acked..acked + cached.len()`.
+    cached: VecDeque<Pairs>,
+    /// The chunk whose read is outstanding.
+    reading: Option<u64>,
     /// The receiver holds chunks `..acked`.
     acked: u64,
     /// The next chunk to send.
@@ -500,6 +435,25 @@ struct SnapshotSend {
     /// Whether `acked` advanced since the previous heartbeat round; a round without progress
     /// resends from `acked` (lost chunks, a restarted receiver).
     progress: bool,
+    /// The view failed, or shows a state older than the log's base: dropped at the next
+    /// heartbeat round, and started over on a fresh view after it.
+    failed: bool,
+}
+
+impl SnapshotSend {
+    /// Pairs and bytes in chunks `..upto`.
+    fn size_of_chunks(&self, upto: u64) -> (u64, u64) {
+        let upto = usize::try_from(upto).unwrap_or(usize::MAX);
+        self.sizes
+            .iter()
+            .take(upto)
+            .fold((0, 0), |(pairs, bytes), (p, b)| (pairs + p, bytes + b))
+    }
+
+    /// The chunk after the cached ones.
+    fn next_to_read(&self) -> u64 {
+        self.acked + self.cached.len() as u64
+    }
 }
 
 /// A snapshot being received: volatile, lost on a crash, never served or counted.
@@ -553,6 +507,11 @@ fn last_config_index(durable: &Durable) -> Option<u64> {
 
 /// How many `Append`s a leader has outstanding per follower at most, per send.
 const APPEND_WINDOW: usize = 4;
+
+/// A member that holds nothing gets a snapshot rather than the log once the leader has this
+/// many applied entries after its base (a new learner: its copy is then read from the disk in
+/// key order, not rebuilt from every write since the base).
+const SNAPSHOT_OVER_REPLAY: u64 = 256;
 
 /// How many snapshot chunks a leader has unacknowledged per receiver at most.
 const SNAPSHOT_WINDOW: u64 = 2;
@@ -621,6 +580,10 @@ pub struct ShardReplica {
     last_handoff: Option<Duration>,
     /// A snapshot being received (R6).
     incoming: Option<SnapshotReceive>,
+    /// The next view of this replica's disk to ask for (R6 transfers).
+    next_view: ViewId,
+    /// Reads of this replica's disk for the shell.
+    reads: VecDeque<SnapshotRead>,
     rng: u64,
     open_batch: Vec<Change>,
     /// When the oldest change of the open batch was made.
@@ -668,6 +631,8 @@ impl ShardReplica {
             target: None,
             last_handoff: None,
             incoming: None,
+            next_view: 0,
+            reads: VecDeque::new(),
             rng: seed | 1,
             open_batch: Vec::new(),
             open_since: None,
@@ -766,13 +731,13 @@ impl ShardReplica {
             return None;
         };
         let send = leader.snapshots.get(node)?;
-        let (keys, bytes) = send.frozen.size_of_chunks(send.acked);
-        let (keys_total, bytes_total) = send.frozen.size_of_chunks(u64::MAX);
+        let (_, keys_total, bytes_total) = send.opened.as_ref()?;
+        let (keys, bytes) = send.size_of_chunks(send.acked);
         Some(crate::wire::CopyProgress {
             keys,
-            keys_total,
+            keys_total: *keys_total,
             bytes,
-            bytes_total,
+            bytes_total: *bytes_total,
         })
     }
 
@@ -824,6 +789,12 @@ impl ShardReplica {
     /// The next client answer.
     pub fn poll_reply(&mut self) -> Option<(RequestTag, ClientReply)> {
         self.replies.pop_front()
+    }
+
+    /// The next read of this replica's disk, for a snapshot transfer: answer `Open` and
+    /// `Chunk` with [`handle_snapshot_read`](Self::handle_snapshot_read), in order.
+    pub fn poll_snapshot_read(&mut self) -> Option<SnapshotRead> {
+        self.reads.pop_front()
     }
 
     /// The next timer and when it is due.
@@ -939,6 +910,65 @@ impl ShardReplica {
         if let Some(at) = self.ranked_election(earliest) {
             self.election_at = Some(self.election_at.map_or(at, |armed| armed.min(at)));
         }
+    }
+
+    /// The shell's answer to a [`SnapshotRead`]. Answers for views no longer wanted (the
+    /// transfer ended, leadership was lost) are ignored; their views were closed.
+    pub fn handle_snapshot_read(&mut self, now: Duration, reply: SnapshotReadReply) {
+        let view = match &reply {
+            SnapshotReadReply::Opened { view, .. }
+            | SnapshotReadReply::Chunk { view, .. }
+            | SnapshotReadReply::Failed { view } => *view,
+        };
+        let durable_base = self.durable.base.pos.index;
+        let Role::Leader(leader) = &mut self.role else {
+            return;
+        };
+        let Some(send) = leader.snapshots.values_mut().find(|send| send.view == view) else {
+            return;
+        };
+        match reply {
+            SnapshotReadReply::Opened {
+                base, keys, bytes, ..
+            } if send.opened.is_none() => {
+                if base.pos.index < durable_base {
+                    // The disk is behind the log's base (it has not folded a compaction
+                    // yet): the receiver would miss the entries between. Later.
+                    tracing::debug!(
+                        shard = self.shard,
+                        view,
+                        disk = base.pos.index,
+                        log = durable_base,
+                        "snapshot view older than the log's base"
+                    );
+                    send.failed = true;
+                } else {
+                    tracing::debug!(shard = self.shard, to = %send.to.node, base = base.pos.index, keys, bytes, "snapshot transfer");
+                    send.opened = Some((base, keys, bytes));
+                }
+            }
+            SnapshotReadReply::Chunk {
+                seq, pairs, last, ..
+            } if send.reading == Some(seq) => {
+                send.reading = None;
+                if seq == send.next_to_read() {
+                    if seq == send.sizes.len() as u64 {
+                        let bytes = pairs.iter().map(|(k, v)| (k.len() + v.len()) as u64).sum();
+                        send.sizes.push((pairs.len() as u64, bytes));
+                        match pairs.last() {
+                            Some((key, _)) if !last => send.afters.push(Some(key.clone())),
+                            _ => send.total = Some(seq + 1),
+                        }
+                    }
+                    send.cached.push_back(pairs);
+                } // Else the receiver went back meanwhile: the chunk is read again.
+            }
+            SnapshotReadReply::Failed { .. } => send.failed = true,
+            // Unasked: a bug in the shell. The round after starts the transfer over.
+            _ => send.failed = true,
+        }
+        let _ = now;
+        self.pump_snapshots(false);
     }
 
     /// A message from replica `from`, addressed to `to`.
@@ -1393,7 +1423,6 @@ impl ShardReplica {
             idle: false,
             fresh_from: BTreeMap::new(),
             last_activity: now,
-            frozen: None,
             snapshots: BTreeMap::new(),
         };
         for voter in voters.iter().filter(|v| v.node != self.me.node) {
@@ -1629,8 +1658,14 @@ impl ShardReplica {
                 continue;
             }
             let mut next = leader.next.get(&voter.node).copied().unwrap_or(last + 1);
-            if next <= self.durable.base.pos.index {
-                // The entries it needs are compacted (R6).
+            // It said it holds no entry (an `AppendNack` lowered `next` to 1) and acknowledged none.
+            let empty = next == 1 && leader.matched.get(&voter.node).is_none_or(|m| *m == 0);
+            let applied_entries = self.durable.applied - self.durable.base.pos.index;
+            if next <= self.durable.base.pos.index
+                || (empty && applied_entries >= SNAPSHOT_OVER_REPLAY)
+            {
+                // The entries it needs are compacted (R6), or it holds nothing and a snapshot
+                // of the disk is cheaper than replaying the log from the start.
                 needs_snapshot.push(voter.clone());
                 continue;
             }
@@ -1674,83 +1709,116 @@ impl ShardReplica {
         self.send_snapshots(&voters, needs_snapshot, round);
     }
 
-    /// R6: starts a transfer for each member in `start`, drops those of non-members, and
-    /// sends each transfer's chunks up to its window; a `round` without progress since the
-    /// previous one resends from the last acknowledged chunk.
+    /// R6: drops the transfers to non-members and starts one for each member in `start`,
+    /// then [`pump_snapshots`](Self::pump_snapshots).
     fn send_snapshots(&mut self, members: &[Member], start: Vec<Member>, round: bool) {
-        let stale = match &self.role {
-            Role::Leader(leader) => leader
-                .frozen
-                .as_ref()
-                .is_none_or(|frozen| frozen.base.pos.index < self.durable.base.pos.index),
-            _ => return,
-        };
-        let fresh = if stale && !start.is_empty() {
-            let applied = self.durable.applied;
-            let Some(pos) = self.durable.pos_at(applied) else {
-                return;
-            };
-            let base = Base {
-                pos,
-                config: self.durable.config_at(applied).clone(),
-            };
-            Some(Arc::new(Frozen::new(
-                base,
-                self.durable.kv.clone(),
-                self.config.snapshot_chunk_bytes,
-            )))
-        } else {
-            None
-        };
         let Role::Leader(leader) = &mut self.role else {
             return;
         };
-        if let Some(fresh) = fresh {
-            leader.frozen = Some(fresh);
-        }
-        if let Some(frozen) = &leader.frozen {
-            for member in start {
-                tracing::debug!(to = %member.node, base = frozen.base.pos.index, "snapshot transfer");
-                leader.snapshots.insert(
-                    member.node.clone(),
-                    SnapshotSend {
-                        to: member,
-                        frozen: Arc::clone(frozen),
-                        acked: 0,
-                        sent: 0,
-                        progress: true,
-                    },
-                );
+        let mut closed = Vec::new();
+        leader.snapshots.retain(|node, send| {
+            let member = members.iter().any(|m| &m.node == node && *m == send.to);
+            if !member {
+                closed.push(send.view);
             }
+            member
+        });
+        for member in start {
+            let view = self.next_view;
+            self.next_view += 1;
+            self.reads.push_back(SnapshotRead::Open { view });
+            leader.snapshots.insert(
+                member.node.clone(),
+                SnapshotSend {
+                    to: member,
+                    view,
+                    opened: None,
+                    afters: vec![None],
+                    sizes: Vec::new(),
+                    total: None,
+                    cached: VecDeque::new(),
+                    reading: None,
+                    acked: 0,
+                    sent: 0,
+                    progress: true,
+                    failed: false,
+                },
+            );
         }
-        leader
-            .snapshots
-            .retain(|node, send| members.iter().any(|m| &m.node == node && *m == send.to));
-        if leader.snapshots.is_empty() {
-            leader.frozen = None;
+        self.reads
+            .extend(closed.into_iter().map(|view| SnapshotRead::Close { view }));
+        self.pump_snapshots(round);
+    }
+
+    /// R6: for each transfer, asks the shell for its next chunk while fewer than
+    /// `SNAPSHOT_WINDOW` are unacknowledged, and sends the chunks read up to the window. A
+    /// `round` drops failed transfers (the next `send_appends` starts them over on a fresh
+    /// view) and, for a transfer without progress since the previous round, resends from the
+    /// last acknowledged chunk.
+    fn pump_snapshots(&mut self, round: bool) {
+        let Role::Leader(leader) = &mut self.role else {
+            return;
+        };
+        if round {
+            let failed: Vec<NodeId> = leader
+                .snapshots
+                .iter()
+                .filter(|(_, send)| send.failed)
+                .map(|(node, _)| node.clone())
+                .collect();
+            for node in failed {
+                if let Some(send) = leader.snapshots.remove(&node) {
+                    self.reads
+                        .push_back(SnapshotRead::Close { view: send.view });
+                }
+            }
         }
         let b = leader.b.clone();
         let mut chunks = Vec::new();
         for send in leader.snapshots.values_mut() {
+            let Some((base, _, _)) = &send.opened else {
+                continue;
+            };
+            if send.failed {
+                continue;
+            }
             if round {
                 if !send.progress {
                     send.sent = send.acked;
                 }
                 send.progress = false;
             }
-            let total = send.frozen.chunks();
-            while send.sent < total && send.sent < send.acked + SNAPSHOT_WINDOW {
+            let read = send.next_to_read();
+            let readable = usize::try_from(read)
+                .ok()
+                .and_then(|seq| send.afters.get(seq))
+                .filter(|_| send.total.is_none_or(|total| read < total));
+            if let Some(after) = readable
+                && send.reading.is_none()
+                && read < send.acked + SNAPSHOT_WINDOW
+            {
+                send.reading = Some(read);
+                self.reads.push_back(SnapshotRead::Chunk {
+                    view: send.view,
+                    seq: read,
+                    after: after.clone(),
+                    max_bytes: self.config.snapshot_chunk_bytes,
+                });
+            }
+            while send.sent < read {
                 let seq = send.sent;
-                let (pairs, last) = send.frozen.chunk(seq);
-                let base = send.frozen.base.pos.clone();
-                let config = send.frozen.base.config.clone();
-                let digest = snapshot_digest(&b, &base, &config, seq, &pairs, last);
+                let offset = usize::try_from(seq - send.acked).unwrap_or(usize::MAX);
+                let Some(pairs) = send.cached.get(offset) else {
+                    break;
+                };
+                let last = send.total == Some(seq + 1);
+                let digest = snapshot_digest(&b, &base.pos, &base.config, seq, pairs, last);
                 let message = Message::Snapshot {
                     b: b.clone(),
-                    base,
-                    config,
+                    base: base.pos.clone(),
+                    config: base.config.clone(),
                     seq,
-                    pairs,
+                    pairs: pairs.clone(),
                     last,
                     digest,
                 };
@@ -1791,33 +1859,36 @@ impl ShardReplica {
         }
         let node = from.node.clone();
         leader.last_ack.insert(node.clone(), now);
-        let ours = leader
-            .snapshots
-            .get(&node)
-            .is_some_and(|send| send.frozen.base.pos == base);
+        let ours = leader.snapshots.get(&node).is_some_and(|send| {
+            send.opened
+                .as_ref()
+                .is_some_and(|(view, _, _)| view.pos == base)
+        });
         if done {
             let known = leader.matched.entry(node.clone()).or_insert(0);
             *known = (*known).max(base.index);
             let next_index = leader.next.entry(node.clone()).or_insert(base.index + 1);
             *next_index = (*next_index).max(base.index + 1);
-            if ours {
-                leader.snapshots.remove(&node);
-                if leader.snapshots.is_empty() {
-                    leader.frozen = None;
-                }
+            if ours && let Some(send) = leader.snapshots.remove(&node) {
+                self.reads
+                    .push_back(SnapshotRead::Close { view: send.view });
             }
             self.advance_commit(now);
             self.progress_transfer(now);
         } else if ours && let Some(send) = leader.snapshots.get_mut(&node) {
             // Acknowledgements are cumulative. One below `acked` means the receiver lost its
-            // partial copy (a bad chunk, a restart): resend from there. Lost chunks are
-            // resent by the next round without progress.
-            let next = next.min(send.frozen.chunks());
-            if next > send.acked {
+            // partial copy (a bad chunk, a restart) or is an old one arriving late: resend from
+            // there (reading those chunks again), and a late one is corrected by the next.
+            // Lost chunks are resent by the next round without progress.
+            let known = send.sizes.len() as u64;
+            if next > send.acked && next <= known {
+                let passed = usize::try_from(next - send.acked).unwrap_or(usize::MAX);
+                send.cached.drain(..passed.min(send.cached.len()));
                 send.acked = next;
                 send.progress = true;
                 send.sent = send.sent.max(next);
             } else if next < send.acked {
+                send.cached.clear();
                 send.acked = next;
                 send.sent = next;
             }
@@ -1938,10 +2009,11 @@ impl ShardReplica {
             self.send(from, message, true);
             return;
         }
-        let fresh = self
-            .incoming
-            .as_ref()
-            .is_none_or(|incoming| incoming.b != b || incoming.base != chunk.base);
+        // A first chunk starts the transfer over, even of the same base: the leader sends one
+        // only when it starts a transfer, or resends the first because none was acknowledged.
+        let fresh = self.incoming.as_ref().is_none_or(|incoming| {
+            incoming.b != b || incoming.base != chunk.base || (chunk.seq == 0 && incoming.next > 0)
+        });
         if fresh {
             if chunk.seq != 0 {
                 let message = reply(0, false);
@@ -2055,8 +2127,13 @@ impl ShardReplica {
                 if member.node == self.me.node || !live {
                     continue;
                 }
+                // A transfer needs the entries after its view; one still opening, every entry
+                // not compacted yet.
                 let needs = match leader.snapshots.get(&member.node) {
-                    Some(send) => send.frozen.base.pos.index,
+                    Some(send) => send
+                        .opened
+                        .as_ref()
+                        .map_or(base, |(view, _, _)| view.pos.index),
                     None => leader.matched.get(&member.node).copied().unwrap_or(0),
                 };
                 upto = upto.min(needs);
@@ -2551,6 +2628,10 @@ impl ShardReplica {
                 }
                 for read in leader.reads {
                     self.replies.push_back((read.tag, ClientReply::Unavailable));
+                }
+                for send in leader.snapshots.into_values() {
+                    self.reads
+                        .push_back(SnapshotRead::Close { view: send.view });
                 }
                 self.leader_hint = None;
                 self.heartbeat_at = None;

@@ -6,8 +6,8 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
 use cluster::replica::{
-    ClientOp, ClientReply, Config, Durable, HostBatchId, HostPersist, Member, PeerBatch,
-    ReplicaConfig, RequestTag, ShardHost, StorageId,
+    ClientOp, ClientReply, Config, Durable, HostBatchId, HostPersist, Member, MemoryViews,
+    PeerBatch, ReplicaConfig, RequestTag, ShardHost, StorageId,
 };
 use rand::rngs::StdRng;
 use rand::{RngExt, SeedableRng};
@@ -60,6 +60,8 @@ pub(crate) struct Cluster {
     pub(crate) largest_frame: Option<usize>,
     /// Snapshot chunks delivered to each host.
     pub(crate) chunks_to: Vec<usize>,
+    /// Each host's open snapshot views of its disk image.
+    views: Vec<MemoryViews>,
 }
 
 impl Cluster {
@@ -100,6 +102,7 @@ impl Cluster {
             tamper: None,
             largest_frame: None,
             chunks_to: vec![0; nodes],
+            views: vec![MemoryViews::default(); nodes],
         };
         for index in 0..nodes {
             cluster.start(index);
@@ -141,6 +144,7 @@ impl Cluster {
     pub(crate) fn crash(&mut self, index: usize) {
         self.hosts[index] = None;
         self.fsync_done[index] = None;
+        self.views[index] = MemoryViews::default();
     }
 
     pub(crate) fn isolate(&mut self, index: usize) {
@@ -175,6 +179,14 @@ impl Cluster {
         let Some(host) = self.hosts[index].as_mut() else {
             return;
         };
+        while let Some((shard, read)) = host.poll_snapshot_read() {
+            let disk = self.disks[index]
+                .get(&shard)
+                .or_else(|| self.initial[index].get(&shard));
+            if let Some(reply) = self.views[index].answer(shard, disk, read) {
+                host.handle_snapshot_read(self.now, shard, reply);
+            }
+        }
         if self.fsync_done[index].is_none()
             && let Some(persist) = host.poll_persist()
         {

@@ -8,7 +8,7 @@ use std::collections::{BTreeMap, BinaryHeap};
 use std::net::{Ipv4Addr, SocketAddr};
 use std::time::Duration;
 
-use cluster::replica::{ClientReply, StorageId};
+use cluster::replica::{ClientReply, MemoryViews, StorageId};
 use cluster::wire::{Request, Response};
 use cluster::{Cluster, ClusterSpec, Config, Event, Identity, NodeMeta, Transmit};
 use rand::rngs::StdRng;
@@ -68,6 +68,9 @@ pub(crate) struct Slot {
     pub(crate) generation: u64,
     /// Client answers, by token (persists are durable at once here).
     pub(crate) replies: Vec<(u64, ClientReply)>,
+    /// Open snapshot views of the replicas' disk images (their durable state: persists are
+    /// durable at once).
+    views: MemoryViews,
 }
 
 pub(crate) struct Net {
@@ -137,6 +140,7 @@ impl Net {
                 events: Vec::new(),
                 generation: 0,
                 replies: Vec::new(),
+                views: MemoryViews::default(),
             });
         }
         let welcome = match seed_node {
@@ -195,6 +199,7 @@ impl Net {
 
     pub(crate) fn crash(&mut self, index: usize) {
         self.slots[index].core = None;
+        self.slots[index].views = MemoryViews::default();
     }
 
     pub(crate) fn pause(&mut self, index: usize) {
@@ -289,6 +294,15 @@ impl Net {
             }
             while let Some(persist) = core.poll_persist() {
                 core.handle_persisted(now, persist.batch);
+            }
+            while let Some((shard, read)) = core.poll_snapshot_read() {
+                let disk = core
+                    .shards()
+                    .replica(shard)
+                    .map(cluster::replica::ShardReplica::durable);
+                if let Some(reply) = slot.views.answer(shard, disk, read) {
+                    core.handle_snapshot_read(now, shard, reply);
+                }
             }
             while let Some(reply) = core.poll_client_reply() {
                 slot.replies.push(reply);

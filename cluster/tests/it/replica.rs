@@ -5,8 +5,8 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 use cluster::replica::{
-    BatchId, ClientOp, ClientReply, Config, Durable, Member, Message, Outgoing, ReplicaConfig,
-    RequestTag, ShardReplica, StorageId,
+    BatchId, ClientOp, ClientReply, Config, Durable, Member, MemoryViews, Message, Outgoing,
+    ReplicaConfig, RequestTag, ShardReplica, StorageId,
 };
 use rand::rngs::StdRng;
 use rand::{RngExt, SeedableRng};
@@ -32,6 +32,8 @@ pub(crate) struct Group {
     config: ReplicaConfig,
     /// Snapshot chunks delivered to each replica.
     pub(crate) chunks_to: Vec<usize>,
+    /// Each replica's open snapshot views of its disk image.
+    views: Vec<MemoryViews>,
     /// Changes each message just before delivery (corruption in flight).
     pub(crate) tamper: Option<fn(&mut Message)>,
     /// Messages to this replica are delivered only every this many milliseconds (a slow but
@@ -95,6 +97,7 @@ impl Group {
             seed,
             config: replica_config,
             chunks_to: vec![0; size + spares],
+            views: vec![MemoryViews::default(); size + spares],
             tamper: None,
             slow: None,
         }
@@ -120,6 +123,12 @@ impl Group {
                 progressed = true;
                 self.replies.insert(tag, reply);
             }
+            while let Some(read) = replica.poll_snapshot_read() {
+                progressed = true;
+                if let Some(reply) = self.views[i].answer(42, Some(&self.saved[i]), read) {
+                    replica.handle_snapshot_read(self.now, reply);
+                }
+            }
             if !progressed {
                 break;
             }
@@ -129,6 +138,7 @@ impl Group {
 
     pub(crate) fn crash(&mut self, i: usize) {
         self.replicas[i] = None;
+        self.views[i] = MemoryViews::default();
     }
 
     /// Drops every message replica `i` sent that is still in flight (cut off before they left).

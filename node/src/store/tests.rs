@@ -574,73 +574,74 @@ fn a_file_that_is_not_a_shard_store_is_refused() {
 }
 
 #[test]
-fn a_snapshot_is_one_shards_pairs_at_one_moment() {
+fn a_view_is_one_shards_applied_state_at_one_position() {
     let dir = TempDir::new("snapshot");
     let mut store = Store::open(&dir.db()).unwrap().store;
-    let puts = |shard: u16, keys: std::ops::Range<u8>| {
+    // Entry `index` of ballot 1 appended and applied, writing `keys`.
+    let apply = |shard: u16, index: u64, keys: std::ops::Range<u8>| {
+        let entry = Entry {
+            ballot: ballot(1),
+            index,
+            op: Op::EpochStart,
+            tag: None,
+        };
         (
             shard,
-            vec![Change::Applied {
-                index: 1,
-                writes: keys.map(|k| (vec![k], Some(vec![k; 10]))).collect(),
-            }],
+            vec![
+                Change::Append(vec![entry]),
+                Change::Applied {
+                    index,
+                    writes: keys.map(|k| (vec![k], Some(vec![k; 10]))).collect(),
+                },
+            ],
         )
+    };
+    let at = |index: u64| Pos {
+        ballot: Some(ballot(1)),
+        index,
     };
     store
         .commit(&host_persist(
             0,
-            vec![puts(1, 0..5), puts(2, 0..5), puts(u16::MAX, 9..12)],
+            vec![
+                apply(1, 1, 0..5),
+                apply(2, 1, 0..5),
+                apply(u16::MAX, 1, 9..12),
+            ],
         ))
         .unwrap();
-    // A snapshot reads the shard tables: what the last fold wrote.
-    assert!(
-        store
-            .read_snapshot(1)
-            .unwrap()
-            .chunk(None, 10)
-            .unwrap()
-            .is_empty()
-    );
+    // A view reads the shard tables: what the last fold wrote.
+    assert!(store.view(1).unwrap().is_none());
     store.fold().unwrap();
-    let snapshot = store.read_snapshot(1).unwrap();
-    store.commit(&host_persist(1, vec![puts(1, 5..9)])).unwrap();
+    let view = store.view(1).unwrap().unwrap();
+    assert_eq!(view.base().pos, at(1));
+    assert_eq!(view.size().unwrap(), (5, 55));
+    store
+        .commit(&host_persist(1, vec![apply(1, 2, 5..9)]))
+        .unwrap();
     store.fold().unwrap();
-    let all = snapshot.chunk(None, usize::MAX).unwrap();
+    let (all, last) = view.chunk(None, usize::MAX).unwrap();
+    assert!(last);
     assert_eq!(
         all,
         (0..5).map(|k| (vec![k], vec![k; 10])).collect::<Vec<_>>()
     );
-    // Chunks of about 25 bytes: two pairs each, at least one.
-    assert_eq!(snapshot.chunk(None, 25).unwrap(), all[..2]);
-    assert_eq!(snapshot.chunk(Some(&[1]), 25).unwrap(), all[2..4]);
-    assert_eq!(snapshot.chunk(Some(&[3]), 1).unwrap(), all[4..]);
-    assert!(snapshot.chunk(Some(&[4]), 25).unwrap().is_empty());
+    // Chunks of about 25 bytes: two pairs each, at least one; the last says so.
+    assert_eq!(view.chunk(None, 25).unwrap(), (all[..2].to_vec(), false));
     assert_eq!(
-        store
-            .read_snapshot(1)
-            .unwrap()
-            .chunk(None, usize::MAX)
-            .unwrap()
-            .len(),
-        9
+        view.chunk(Some(&[1][..]), 25).unwrap(),
+        (all[2..4].to_vec(), false)
     );
     assert_eq!(
-        store
-            .read_snapshot(u16::MAX)
-            .unwrap()
-            .chunk(None, usize::MAX)
-            .unwrap()
-            .len(),
-        3
+        view.chunk(Some(&[3][..]), 1).unwrap(),
+        (all[4..].to_vec(), true)
     );
-    assert!(
-        store
-            .read_snapshot(3)
-            .unwrap()
-            .chunk(None, 10)
-            .unwrap()
-            .is_empty()
-    );
+    assert_eq!(view.chunk(Some(&[4][..]), 25).unwrap(), (Vec::new(), true));
+    let later = store.view(1).unwrap().unwrap();
+    assert_eq!(later.base().pos, at(2));
+    assert_eq!(later.size().unwrap(), (9, 99));
+    assert_eq!(store.view(u16::MAX).unwrap().unwrap().size().unwrap().0, 3);
+    assert!(store.view(3).unwrap().is_none());
 }
 
 #[tokio::test]

@@ -494,6 +494,10 @@ fn drain(knobs: Knobs, state: &mut ReplicaState, o: &mut Out<ModelActor>) {
             o.send(client_id(knobs, tag.client), ModelMsg::Reply(tag, reply));
             progressed = true;
         }
+        assert!(
+            state.replica.poll_snapshot_read().is_none(),
+            "the model never compacts a log, so no leader sends a snapshot"
+        );
         if !progressed {
             break;
         }

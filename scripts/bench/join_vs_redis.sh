@@ -1,0 +1,175 @@
+#!/usr/bin/env bash
+# Handoff speed, side by side: how fast a fourth node takes its share of 1,000,000 keys of
+# 100 bytes, in slotring and in Redis Cluster, on this machine, in one run.
+#
+# slotring: a 3-node cluster (scripts/cluster.sh, release build), filled with `node bench
+# --sequential` (every key written once, acknowledged by a majority), left 5 s so that the
+# folds put the fill into redb (snapshots are read from there), then a 4th node started with
+# --join. Timed from the start of the 4th process until every leader reports no moving shard
+# (`node status`: every shard's voters are placement's target) and `node check` passes (every
+# shard has 3 replicas, all nodes agree on the table, replicas at equal applied index hold equal
+# state). Keys moved = the keys the 4th node then holds (its replicas' applied state). During
+# the join a paced writer (`node bench --rate`) runs for 10 s and its write p99 is compared with
+# the same writer's on the idle cluster just before.
+#
+# Redis: a 3+3 cluster (defaults: appendonly no), filled with the same keys and values
+# (scripts/bench/redis_fill.py), then a 7th node added as an empty primary (`redis-cli
+# --cluster add-node`) and `redis-cli --cluster rebalance --cluster-use-empty-masters` timed.
+# Keys moved = DBSIZE of the new primary afterwards.
+#
+# Prints keys/s for both and the ratio, and writes everything to
+# scripts/bench/results/join_vs_redis-DATE.txt. Installs redis with apt-get if missing.
+#
+# usage: scripts/bench/join_vs_redis.sh
+#        KEYS=1000000 RATE=2000 SLOTRING_BASE_PORT=7600 REDIS_BENCH_PORT=7700
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+ROOT=$PWD
+
+KEYS=${KEYS:-1000000}
+RATE=${RATE:-2000}
+VALUE=100
+SL_BASE=${SLOTRING_BASE_PORT:-7600}
+REDIS_BASE=${REDIS_BENCH_PORT:-7700}
+[[ $KEYS =~ ^[1-9][0-9]*$ && $RATE =~ ^[1-9][0-9]*$ ]] ||
+    { echo "KEYS and RATE must be positive integers" >&2; exit 2; }
+[[ -f .cluster/size ]] &&
+    { echo "a cluster from scripts/cluster.sh already exists in .cluster: 'scripts/cluster.sh down --purge' first" >&2; exit 1; }
+
+# shellcheck source=scripts/bench/redis_cluster.sh
+source scripts/bench/redis_cluster.sh
+redis_install
+
+TARGET=${CARGO_TARGET_DIR:-target}
+case $TARGET in /*) ;; *) TARGET=$ROOT/$TARGET ;; esac
+BIN=$TARGET/release/node
+mkdir -p scripts/bench/results
+OUT=scripts/bench/results/join_vs_redis-$(date +%F).txt
+WORK=$(mktemp -d "${TMPDIR:-/tmp}/join-vs-redis.XXXXXX")
+SLOTRING_UP=
+JOINER_PID=
+WRITER_PID=
+
+cleanup() {
+    redis_down
+    local pid
+    for pid in $WRITER_PID $JOINER_PID; do
+        kill -9 "$pid" 2>/dev/null || true
+        wait "$pid" 2>/dev/null || true
+    done
+    if [[ -n $SLOTRING_UP ]]; then
+        scripts/cluster.sh down --purge >/dev/null 2>&1 || true
+    fi
+    rm -rf "$WORK"
+}
+trap cleanup EXIT
+trap 'exit 130' INT TERM
+
+log() { echo "$*" | tee -a "$OUT"; }
+now() { date +%s.%N; }
+# secs_since T0: seconds from T0 to now, 3 decimals.
+secs_since() { awk -v a="$1" -v b="$(now)" 'BEGIN { printf "%.3f", b - a }'; }
+# json_field FILE EXPR: a python expression over the JSON document `d` in FILE.
+json_field() { python3 -c "import json, sys; d = json.load(open(sys.argv[1])); print($2)" "$1"; }
+
+: >"$OUT"
+log "join_vs_redis: $(date -Is), keys=$KEYS value=${VALUE}B paced writer=${RATE}/s"
+log "machine: $(nproc) cores, $(lscpu | sed -n 's/^Model name: *//p'), $(free -g | awk '/^Mem:/ {print $2}') GiB"
+log "load at start: $(cut -d' ' -f1-3 /proc/loadavg)"
+
+# ------------------------------------------------------------------------------------------
+# slotring
+cargo build --release -p node 2>&1 | tail -n 1
+SLOTRING_NODE_BIN=$BIN SLOTRING_BASE_PORT=$SL_BASE scripts/cluster.sh up 3 >"$WORK/up.log" 2>&1 &
+up_pid=$!
+SLOTRING_UP=1
+wait "$up_pid" || { cat "$WORK/up.log" >&2; exit 1; }
+export SLOTRING_CERTS_DIR=$ROOT/.cluster/certs
+SEED=127.0.0.1:$SL_BASE
+
+log "== slotring: 3 nodes, filling $KEYS keys"
+t0=$(now)
+"$BIN" bench -a "$SEED" --sequential --keys "$KEYS" --requests "$KEYS" --clients 50 --pipeline 16 \
+    --read-ratio 0 -o json >"$WORK/fill.json" 2>/dev/null
+fill_ok=$(json_field "$WORK/fill.json" 'd["writes"]["ok"]')
+log "slotring fill: $fill_ok of $KEYS writes acknowledged in $(secs_since "$t0") s"
+[[ $fill_ok == "$KEYS" ]] || { echo "the fill lost writes" >&2; exit 1; }
+sleep 5 # the folds (every 1–3 s) put the fill into redb
+
+# paced NAME: the paced writer for 10 s in the background; its JSON lands in WORK/NAME.json.
+paced() {
+    "$BIN" bench -a "$SEED" --keys "$KEYS" --rate "$RATE" --duration 10 --clients 50 \
+        --read-ratio 0 -o json >"$WORK/$1.json" 2>/dev/null &
+    WRITER_PID=$!
+}
+paced idle
+wait "$WRITER_PID"
+WRITER_PID=
+idle_p99=$(json_field "$WORK/idle.json" 'd["writes"]["latency_ms"]["p99"]')
+log "slotring idle: paced writer at $RATE/s: write p99 $idle_p99 ms"
+
+"$BIN" certs issue n3 --certs-dir "$SLOTRING_CERTS_DIR" >/dev/null
+paced during
+t0=$(now)
+"$BIN" --listen "127.0.0.1:$((SL_BASE + 3))" --join "$SEED" --node-id n3 \
+    --data-dir "$WORK/n3" --certs-dir "$SLOTRING_CERTS_DIR" >"$WORK/n3.log" 2>&1 &
+JOINER_PID=$!
+seen_moving=0
+deadline=$((SECONDS + 600))
+while :; do
+    ((SECONDS < deadline)) || { echo "the moves did not finish in 600 s" >&2; exit 1; }
+    if "$BIN" status -a "$SEED" -o json >"$WORK/status.json" 2>/dev/null; then
+        state=$(json_field "$WORK/status.json" \
+            '"%d %d" % (len(d["moving"]), any(n["id"] == "n3" and n["state"] == "alive" for n in d["nodes"]))')
+        read -r moving joined <<<"$state"
+        ((joined && moving > 0)) && seen_moving=1
+        if ((seen_moving && moving == 0)) && "$BIN" check -a "$SEED" >"$WORK/check.txt" 2>&1; then
+            break
+        fi
+    fi
+    sleep 0.1
+done
+took=$(secs_since "$t0")
+moved=$(json_field "$WORK/status.json" 'next(n["held"]["keys"] for n in d["nodes"] if n["id"] == "n3")')
+shards=$(json_field "$WORK/status.json" 'next(n["held"]["shards"] for n in d["nodes"] if n["id"] == "n3")')
+wait "$WRITER_PID"
+WRITER_PID=
+during_p99=$(json_field "$WORK/during.json" 'd["writes"]["latency_ms"]["p99"]')
+during_failed=$(json_field "$WORK/during.json" 'd["writes"]["ops"] - d["writes"]["ok"]')
+SL_RATE=$(awk -v k="$moved" -v t="$took" 'BEGIN { printf "%.0f", k / t }')
+log "slotring join: n3 holds $moved keys in $shards shards after $took s: $SL_RATE keys/s"
+log "slotring during the join: paced writer at $RATE/s: write p99 $during_p99 ms" \
+    "($(awk -v a="$during_p99" -v b="$idle_p99" 'BEGIN { printf "%.2f", a / b }')× idle), $during_failed failed"
+sed 's/^/  /' "$WORK/check.txt" >>"$OUT"
+kill "$JOINER_PID" 2>/dev/null || true
+wait "$JOINER_PID" 2>/dev/null || true
+JOINER_PID=
+scripts/cluster.sh down --purge >/dev/null 2>&1
+SLOTRING_UP=
+
+# ------------------------------------------------------------------------------------------
+# Redis
+log "== redis cluster (3 primaries + 3 replicas, defaults), $(redis-server --version | awk '{print $3}'): filling $KEYS keys"
+redis_up "$WORK/redis" "appendonly no"
+python3 scripts/bench/redis_fill.py "$REDIS_BASE" --keys "$KEYS" --value-size $VALUE | tee -a "$OUT"
+NEW=$((REDIS_BASE + 6))
+redis_start_node "$WORK/redis" "$NEW" "appendonly no"
+redis-cli --cluster add-node "127.0.0.1:$NEW" "127.0.0.1:$REDIS_BASE" >"$WORK/add.log" 2>&1 ||
+    { cat "$WORK/add.log" >&2; exit 1; }
+deadline=$((SECONDS + 30))
+until [[ $(cli "$NEW" cluster info 2>/dev/null) == *cluster_known_nodes:7* ]] &&
+    redis-cli --cluster check "127.0.0.1:$REDIS_BASE" >/dev/null 2>&1; do
+    ((SECONDS < deadline)) || { echo "the new redis node did not join in 30 s" >&2; exit 1; }
+    sleep 0.1
+done
+t0=$(now)
+redis-cli --cluster rebalance "127.0.0.1:$REDIS_BASE" --cluster-use-empty-masters >"$WORK/rebalance.log" 2>&1 ||
+    { cat "$WORK/rebalance.log" >&2; exit 1; }
+took=$(secs_since "$t0")
+moved=$(cli "$NEW" dbsize)
+RD_RATE=$(awk -v k="$moved" -v t="$took" 'BEGIN { printf "%.0f", k / t }')
+log "redis rebalance: the new primary holds $moved keys after $took s: $RD_RATE keys/s"
+redis_down
+log "load at end: $(cut -d' ' -f1-3 /proc/loadavg)"
+log "keys/s moved, slotring / redis: $(awk -v a="$SL_RATE" -v b="$RD_RATE" 'BEGIN { printf "%.2f", a / b }')"
+echo "results in $OUT"
