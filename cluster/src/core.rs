@@ -1045,7 +1045,7 @@ impl Cluster {
         let (mut joining, mut leaving) = (Vec::new(), Vec::new());
         if let Some(replica) = self.host.replica(id.get()) {
             // This node holds the shard: its replica's view of the actual config.
-            let config = replica.durable().active_config();
+            let config = replica.config();
             let hint = replica.leader_hint();
             let me = &self.identity().node_id;
             let leads = hint == Some(me);
@@ -1215,7 +1215,7 @@ impl Cluster {
                 continue;
             };
             let target: Vec<NodeId> = info.replicas().cloned().collect();
-            let (joining, leaving) = config_change(replica.durable().active_config(), &target);
+            let (joining, leaving) = config_change(replica.config(), &target);
             if joining.is_empty() && leaving.is_empty() {
                 continue;
             }

@@ -204,13 +204,9 @@ pub(crate) async fn run(args: DaemonArgs) -> Result<ExitCode> {
         };
         info!(%listen, generation, %spec, "node up");
         let seed = rand::random::<u64>();
-        let mut core = Cluster::new(
-            started.elapsed(),
-            identity,
-            spec,
-            cluster::Config::default(),
-            seed,
-        );
+        let mut config = cluster::Config::default();
+        config.replica.max_moves = args.max_moves as usize;
+        let mut core = Cluster::new(started.elapsed(), identity, spec, config, seed);
         let held = opened.shards.len();
         core.open_shards(started.elapsed(), opened.shards);
         if bootstrapping {

@@ -71,6 +71,10 @@ pub(crate) struct DaemonArgs {
     /// How long to keep trying the seeds before giving up, in seconds.
     #[arg(long, env = "SLOTRING_JOIN_TIMEOUT", default_value_t = 30)]
     pub(crate) join_timeout: u64,
+    /// The most shards this node's leaders move at once (a join or leave queues the rest), so
+    /// that foreground latency holds during moves.
+    #[arg(long, env = "SLOTRING_MAX_MOVES", default_value_t = 8, value_parser = clap::value_parser!(u32).range(1..=65536))]
+    pub(crate) max_moves: u32,
 }
 
 #[derive(Debug, Subcommand)]

@@ -21,7 +21,7 @@
 # scripts/bench/results/join_vs_redis-DATE.txt. Installs redis with apt-get if missing.
 #
 # usage: scripts/bench/join_vs_redis.sh
-#        KEYS=1000000 RATE=2000 SLOTRING_BASE_PORT=7600 REDIS_BENCH_PORT=7700
+#        KEYS=1000000 RATE=2000 SLOTRING_MAX_MOVES=8 SLOTRING_BASE_PORT=7600 REDIS_BENCH_PORT=7700
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 ROOT=$PWD
@@ -73,7 +73,7 @@ secs_since() { awk -v a="$1" -v b="$(now)" 'BEGIN { printf "%.3f", b - a }'; }
 json_field() { python3 -c "import json, sys; d = json.load(open(sys.argv[1])); print($2)" "$1"; }
 
 : >"$OUT"
-log "join_vs_redis: $(date -Is), keys=$KEYS value=${VALUE}B paced writer=${RATE}/s"
+log "join_vs_redis: $(date -Is), keys=$KEYS value=${VALUE}B paced writer=${RATE}/s max moves=${SLOTRING_MAX_MOVES:-8}"
 log "machine: $(nproc) cores, $(lscpu | sed -n 's/^Model name: *//p'), $(free -g | awk '/^Mem:/ {print $2}') GiB"
 log "load at start: $(cut -d' ' -f1-3 /proc/loadavg)"
 
@@ -156,12 +156,24 @@ NEW=$((REDIS_BASE + 6))
 redis_start_node "$WORK/redis" "$NEW" "appendonly no"
 redis-cli --cluster add-node "127.0.0.1:$NEW" "127.0.0.1:$REDIS_BASE" >"$WORK/add.log" 2>&1 ||
     { cat "$WORK/add.log" >&2; exit 1; }
-deadline=$((SECONDS + 30))
-until [[ $(cli "$NEW" cluster info 2>/dev/null) == *cluster_known_nodes:7* ]] &&
-    redis-cli --cluster check "127.0.0.1:$REDIS_BASE" >/dev/null 2>&1; do
-    ((SECONDS < deadline)) || { echo "the new redis node did not join in 30 s" >&2; exit 1; }
+# Every node knows all 7 (rebalance asks each primary to migrate to the new one by its id) and
+# says cluster_state:ok (a new node answers CLUSTERDOWN for a few seconds after it joins).
+all_know_seven() {
+    local port info
+    for port in $(seq "$REDIS_BASE" "$NEW"); do
+        info=$(cli "$port" cluster info 2>/dev/null)
+        [[ $info == *cluster_state:ok* && $info == *cluster_known_nodes:7* ]] || return 1
+    done
+    redis-cli --cluster check "127.0.0.1:$REDIS_BASE" >/dev/null 2>&1
+}
+t0=$(now)
+deadline=$((SECONDS + 60))
+until all_know_seven; do
+    ((SECONDS < deadline)) || { echo "the new redis node did not join in 60 s" >&2; exit 1; }
     sleep 0.1
 done
+log "redis: the new node was usable (every node cluster_state:ok, 7 known) $(secs_since "$t0") s after add-node"
+
 t0=$(now)
 redis-cli --cluster rebalance "127.0.0.1:$REDIS_BASE" --cluster-use-empty-masters >"$WORK/rebalance.log" 2>&1 ||
     { cat "$WORK/rebalance.log" >&2; exit 1; }

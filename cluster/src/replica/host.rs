@@ -88,6 +88,13 @@ pub struct ShardHost {
     ready: BTreeMap<NodeId, Vec<(u16, Member, Message)>>,
     replies: VecDeque<(u16, RequestTag, ClientReply)>,
     reads: VecDeque<(u16, SnapshotRead)>,
+    /// The target each replica was handed last.
+    given: BTreeMap<u16, Vec<Member>>,
+    /// Targets not handed over yet: each would start a move while `max_moves` shards this
+    /// node leads are moving. Handed over in shard order as moves finish.
+    queued_targets: BTreeMap<u16, Vec<Member>>,
+    /// The shards this node leads whose voters are not yet the target they were handed.
+    moving: BTreeSet<u16>,
 }
 
 impl ShardHost {
@@ -110,6 +117,9 @@ impl ShardHost {
             ready: BTreeMap::new(),
             replies: VecDeque::new(),
             reads: VecDeque::new(),
+            given: BTreeMap::new(),
+            queued_targets: BTreeMap::new(),
+            moving: BTreeSet::new(),
         }
     }
 
@@ -181,6 +191,7 @@ impl ShardHost {
                 self.drain(now, shard);
             }
         }
+        self.release_queued_targets(now);
     }
 
     /// A client attempt for `shard`; a shard this node does not hold answers `Unavailable`.
@@ -194,13 +205,66 @@ impl ShardHost {
                 .replies
                 .push_back((shard, tag, ClientReply::Unavailable)),
         }
+        self.release_queued_targets(now);
     }
 
-    /// The replica set placement wants for `shard`.
+    /// The replica set placement wants for `shard`. A target that would start a move (change
+    /// the voters of a shard this node leads) waits while `max_moves` shards are moving here.
     pub fn handle_target(&mut self, now: Duration, shard: u16, target: Vec<Member>) {
+        if !self.replicas.contains_key(&shard) {
+            return;
+        }
+        if self.given.get(&shard) == Some(&target) {
+            self.queued_targets.remove(&shard);
+            return;
+        }
+        let full = self.moving.len() >= self.config.max_moves.max(1);
+        if full && !self.moving.contains(&shard) && self.starts_move(shard, &target) {
+            self.queued_targets.insert(shard, target);
+            return;
+        }
+        self.give_target(now, shard, target);
+    }
+
+    /// How many shards this node leads are moving, and how many more wait for their turn.
+    pub fn moves(&self) -> (usize, usize) {
+        (self.moving.len(), self.queued_targets.len())
+    }
+
+    /// Hands `target` to the replica of `shard`.
+    fn give_target(&mut self, now: Duration, shard: u16, target: Vec<Member>) {
+        self.queued_targets.remove(&shard);
+        if self.starts_move(shard, &target) {
+            self.moving.insert(shard);
+        }
+        self.given.insert(shard, target.clone());
         if let Some(replica) = self.replicas.get_mut(&shard) {
             replica.handle_target(now, target);
             self.drain(now, shard);
+        }
+    }
+
+    /// Whether the replica of `shard` leads and its voters are not `target`'s members (or it
+    /// has learners): handing it `target` starts, or continues, a move.
+    fn starts_move(&self, shard: u16, target: &[Member]) -> bool {
+        let Some(replica) = self.replicas.get(&shard) else {
+            return false;
+        };
+        if replica.established_ballot().is_none() {
+            return false;
+        }
+        let config = replica.config();
+        !config.learners.is_empty()
+            || config.voters.len() != target.len()
+            || !target.iter().all(|member| config.voters.contains(member))
+    }
+
+    /// Hands queued targets over, in shard order, while fewer than `max_moves` shards move.
+    fn release_queued_targets(&mut self, now: Duration) {
+        while self.moving.len() < self.config.max_moves.max(1)
+            && let Some((shard, target)) = self.queued_targets.pop_first()
+        {
+            self.give_target(now, shard, target);
         }
     }
 
@@ -213,6 +277,7 @@ impl ShardHost {
             }
             self.drain(now, shard);
         }
+        self.release_queued_targets(now);
     }
 
     /// The outstanding [`HostPersist`] is durable.
@@ -230,6 +295,7 @@ impl ShardHost {
             self.drain(now, shard);
         }
         self.release();
+        self.release_queued_targets(now);
     }
 
     /// Fires every replica timer due at `now`.
@@ -248,6 +314,7 @@ impl ShardHost {
             }
             self.drain(now, shard);
         }
+        self.release_queued_targets(now);
     }
 
     /// The next group commit, if none is outstanding and there is something to write.
@@ -315,6 +382,7 @@ impl ShardHost {
             replica.handle_snapshot_read(now, reply);
             self.drain(now, shard);
         }
+        self.release_queued_targets(now);
     }
 
     /// When [`handle_timeout`](Self::handle_timeout) next has work.
@@ -340,6 +408,17 @@ impl ShardHost {
         while let Some(read) = replica.poll_snapshot_read() {
             self.reads.push_back((shard, read));
         }
+        if self.moving.contains(&shard)
+            && !self
+                .given
+                .get(&shard)
+                .is_some_and(|target| self.starts_move(shard, target))
+        {
+            self.moving.remove(&shard);
+        }
+        let Some(replica) = self.replicas.get_mut(&shard) else {
+            return;
+        };
         let deadline = replica.poll_timeout().map(|(at, _)| at);
         if self.deadline_of.get(&shard).copied() != deadline {
             if let Some(old) = self.deadline_of.remove(&shard) {

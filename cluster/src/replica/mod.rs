@@ -76,6 +76,13 @@ pub struct ReplicaConfig {
     /// `t_elect` more than this before standing, unless SWIM holds the leader down, in which
     /// case they stand at once (ranked). At least `heartbeat`. Default 1 s.
     pub idle_heartbeat: Duration,
+    /// The most shards one node's leaders move at once (`ShardHost`): a target that changes a
+    /// leader's voters is handed over only while fewer shards it leads are moving, the others
+    /// wait in shard order, so a join or a leave never floods the disks and the network that
+    /// foreground traffic needs. At least 1. Default 8: on 2 cores running 4 nodes, a join
+    /// of 757k keys took 19 s, 9 s and 5 s with 4, 8 and 32, while a 2,000 writes/s
+    /// foreground p99 went from about 10 ms idle to 41 ms, 170 ms and 762 ms.
+    pub max_moves: usize,
 }
 
 impl Default for ReplicaConfig {
@@ -92,6 +99,7 @@ impl Default for ReplicaConfig {
             snapshot_chunk_bytes: 1 << 20,
             min_voters: 3,
             idle_heartbeat: Duration::from_secs(1),
+            max_moves: 8,
         }
     }
 }
@@ -673,6 +681,12 @@ impl ShardReplica {
     /// The shard.
     pub fn shard(&self) -> u16 {
         self.shard
+    }
+
+    /// The active config (R2 `active`: the log's last `Config` entry, committed or not, else
+    /// the base's), without searching the log.
+    pub fn config(&self) -> &Config {
+        active(&self.durable, self.config_at)
     }
 
     /// This replica's member.

@@ -327,10 +327,28 @@ pub fn snapshot_digest(
     members(&mut hasher, &config.learners);
     hasher.update(&seq.to_le_bytes());
     hasher.update(&(pairs.len() as u64).to_le_bytes());
+    // The pairs go through a buffer: BLAKE3 hashes many 1 KiB chunks at once (SIMD) only when
+    // given large inputs, and four small updates per pair ran it at a tenth of that speed. The
+    // digest is the same however the input is split.
+    const BUFFER: usize = 64 << 10;
+    let mut buffer = Vec::with_capacity(BUFFER);
     for (key, value) in pairs {
-        bytes(&mut hasher, key);
-        bytes(&mut hasher, value);
+        for data in [key, value] {
+            if buffer.len() + 8 + data.len() > BUFFER && !buffer.is_empty() {
+                hasher.update(&buffer);
+                buffer.clear();
+            }
+            buffer.extend_from_slice(&(data.len() as u64).to_le_bytes());
+            if data.len() > BUFFER {
+                hasher.update(&buffer);
+                buffer.clear();
+                hasher.update(data);
+            } else {
+                buffer.extend_from_slice(data);
+            }
+        }
     }
+    hasher.update(&buffer);
     hasher.update(&[u8::from(last)]);
     *hasher.finalize().as_bytes()
 }
@@ -402,5 +420,81 @@ mod option_node_id {
         Option::<String>::deserialize(deserializer)?
             .map(|text| NodeId::new(&text).map_err(serde::de::Error::custom))
             .transpose()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// [`snapshot_digest`] as defined: every field hashed in order, each pair's key and value
+    /// length-prefixed, one update each.
+    fn reference_digest(
+        b: &Ballot,
+        base: &Pos,
+        config: &Config,
+        seq: u64,
+        pairs: &[(Vec<u8>, Vec<u8>)],
+        last: bool,
+    ) -> [u8; 32] {
+        let empty = snapshot_digest(b, base, config, seq, &[], last);
+        let mut hasher = blake3::Hasher::new();
+        // Rebuild the prefix the same way the digest does, then the pairs one update at a time.
+        hasher.update(b"slotring snapshot chunk v1");
+        hasher.update(&b.n.to_le_bytes());
+        hasher.update(&(b.node.as_str().len() as u64).to_le_bytes());
+        hasher.update(b.node.as_str().as_bytes());
+        hasher.update(&[0]);
+        hasher.update(&base.index.to_le_bytes());
+        hasher.update(&0u64.to_le_bytes());
+        hasher.update(&0u64.to_le_bytes());
+        hasher.update(&seq.to_le_bytes());
+        let mut without_pairs = hasher.clone();
+        without_pairs.update(&0u64.to_le_bytes());
+        without_pairs.update(&[u8::from(last)]);
+        assert_eq!(
+            *without_pairs.finalize().as_bytes(),
+            empty,
+            "the prefix as defined"
+        );
+        hasher.update(&(pairs.len() as u64).to_le_bytes());
+        for (key, value) in pairs {
+            hasher.update(&(key.len() as u64).to_le_bytes());
+            hasher.update(key);
+            hasher.update(&(value.len() as u64).to_le_bytes());
+            hasher.update(value);
+        }
+        hasher.update(&[u8::from(last)]);
+        *hasher.finalize().as_bytes()
+    }
+
+    #[test]
+    fn the_buffered_snapshot_digest_is_the_defined_one() {
+        let b = Ballot {
+            n: 7,
+            node: NodeId::new("n1").unwrap(),
+        };
+        let base = Pos {
+            ballot: None,
+            index: 42,
+        };
+        let config = Config::default();
+        let small: Vec<(Vec<u8>, Vec<u8>)> = (0..5000u32)
+            .map(|i| (i.to_le_bytes().to_vec(), vec![b'x'; (i % 200) as usize]))
+            .collect();
+        let mut mixed = small[..100].to_vec();
+        mixed.push((b"big".to_vec(), vec![7; 200_000]));
+        mixed.push((vec![1; 70_000], Vec::new()));
+        mixed.extend(small[100..300].iter().cloned());
+        for pairs in [Vec::new(), small, mixed] {
+            for last in [false, true] {
+                assert_eq!(
+                    snapshot_digest(&b, &base, &config, 3, &pairs, last),
+                    reference_digest(&b, &base, &config, 3, &pairs, last),
+                    "{} pairs",
+                    pairs.len()
+                );
+            }
+        }
     }
 }

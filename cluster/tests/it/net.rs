@@ -86,6 +86,8 @@ pub(crate) struct Net {
     /// A partition: the nodes on this side and the others cannot reach each other (datagrams
     /// and requests between the sides are lost).
     pub(crate) cut: Option<Vec<usize>>,
+    /// The config every node (re)started from now on gets.
+    pub(crate) config: Config,
 }
 
 impl Net {
@@ -100,6 +102,7 @@ impl Net {
             spec: spec(),
             refused: BTreeMap::new(),
             cut: None,
+            config: Config::default(),
         }
     }
 
@@ -166,7 +169,7 @@ impl Net {
             .seed
             .wrapping_mul(1000)
             .wrapping_add(index as u64 * 7 + generation);
-        let mut core = Cluster::new(self.now, identity, spec, Config::default(), node_seed);
+        let mut core = Cluster::new(self.now, identity, spec, self.config.clone(), node_seed);
         if let Some(members) = welcome {
             core.join(self.now, members);
         }

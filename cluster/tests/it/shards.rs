@@ -165,3 +165,48 @@ fn shard_info_shows_a_join_as_migrating_until_the_joiner_votes() {
         assert_eq!(stable.replicas.len(), 2, "{stable:?}; seed {seed}");
     }
 }
+
+/// A join moves at most `max_moves` of the shards one node leads at once; the others wait
+/// their turn (placement's target is handed to their leader later), and every shard gets
+/// there.
+#[test]
+fn a_join_moves_at_most_max_moves_shards_per_leader_at_once() {
+    for seed in seeds(3) {
+        let mut net = Net::new(seed);
+        net.spec = small_spec();
+        net.config.replica.max_moves = 2;
+        net.start(0, None).unwrap();
+        net.bootstrap_shards(0);
+        net.run_until(Duration::from_secs(1));
+        net.start(1, Some(0)).unwrap();
+        let (mut most, mut most_queued) = (0, 0);
+        let deadline = net.now + Duration::from_secs(30);
+        loop {
+            let now = net.now;
+            net.run_until(now + Duration::from_millis(5));
+            let (moving, queued) = net.core(0).shards().moves();
+            most = most.max(moving);
+            most_queued = most_queued.max(queued);
+            let voters_everywhere = (0..SHARDS as u16).all(|shard| {
+                net.core(0).shards().replica(shard).is_some_and(|replica| {
+                    replica.config().voters.iter().any(|m| m.node == name(1))
+                })
+            });
+            if voters_everywhere && (moving, queued) == (0, 0) {
+                break;
+            }
+            assert!(
+                net.now < deadline,
+                "seed {seed}: moves not done after 30 s: {moving} moving, {queued} queued"
+            );
+        }
+        assert_eq!(
+            most, 2,
+            "seed {seed}: at most max_moves at once, and that many"
+        );
+        assert!(
+            most_queued >= SHARDS as usize - 2 - 2,
+            "seed {seed}: the others waited: {most_queued}"
+        );
+    }
+}
