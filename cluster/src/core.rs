@@ -18,8 +18,9 @@ use crate::replica::{ClientReply, PeerBatch, ReplicaConfig, ShardHost};
 use crate::spec::{ClusterSpec, SpecFingerprint};
 use crate::timers::TimerQueue;
 use crate::wire::{
-    DATAGRAM_SWIM, MAX_KEY_LEN, MemberView, MembersView, MoveView, NodeLoad, NodeRef, ReplicaView,
-    Request, Response, RingShare, RingView, ShardForView, ShardInfoView, StatusView, WireMember,
+    DATAGRAM_SWIM, HeldView, MAX_KEY_LEN, MemberView, MembersView, MoveView, NodeLoad, NodeRef,
+    ReplicaView, Request, Response, RingShare, RingView, ShardForView, ShardInfoView, StatusView,
+    WireMember,
 };
 
 /// Tuning of failure detection and convergence. Times are durations on the caller's clock.
@@ -220,6 +221,12 @@ pub enum Event {
     },
     /// This node joined: at least one other member is active.
     Joined,
+    /// This node is being decommissioned (`Cluster::decommission`): it renewed its identity
+    /// to say so; persist the generation.
+    Draining {
+        /// The new generation.
+        generation: u64,
+    },
 }
 
 /// Counters of dropped or odd input, for `status` and tests.
@@ -703,6 +710,13 @@ impl Cluster {
             }
             Request::Status => Response::Status(self.status()),
             Request::Ring => Response::Ring(self.ring_view()),
+            Request::Decommission if from.is_some() => {
+                refuse("only an operator (a client certificate) decommissions a node".into())
+            }
+            Request::Decommission => match self.decommission(now) {
+                Ok(held) => Response::Decommissioning(held),
+                Err(reason) => refuse(reason),
+            },
         }
     }
 
@@ -725,6 +739,71 @@ impl Cluster {
             tracing::debug!(%error, "leave");
         }
         self.drain(now);
+    }
+
+    /// Starts decommissioning this node (`node leave`): it renews its identity with
+    /// `draining` set, so every node's placement leaves it out and the leaders move its
+    /// replicas to the others (R5, one voter at a time, at most `max_moves` per leader). The
+    /// node goes on serving meanwhile; once [`drained`](Self::drained), the shell calls
+    /// [`leave`](Self::leave) and stops. Refused, changing nothing, when the other members
+    /// would be fewer than the replication factor (the moves could never finish) or when the
+    /// node is leaving already. Asking again while draining only reports progress.
+    pub fn decommission(&mut self, now: Duration) -> Result<HeldView, String> {
+        if self.leaving {
+            return Err("this node is leaving already".into());
+        }
+        if self.draining() {
+            return Ok(self.held());
+        }
+        let others = self
+            .foca
+            .iter_members()
+            .filter(|member| member.id().spec == self.fingerprint && !member.id().meta.draining)
+            .count();
+        let factor = usize::from(self.spec.table.replication_factor.get());
+        if others < factor {
+            return Err(format!(
+                "{others} other members would be left for a replication factor of {factor}: \
+                 add a node first"
+            ));
+        }
+        let mut draining = self.identity().clone();
+        draining.meta.draining = true;
+        draining.generation += 1;
+        let generation = draining.generation;
+        if let Err(error) = self.foca.change_identity(draining, &mut self.effects) {
+            return Err(format!("renewing this node's identity: {error}"));
+        }
+        tracing::info!(
+            generation,
+            "draining: every replica moves to the other members"
+        );
+        self.events.push_back(Event::Draining { generation });
+        self.refresh_table();
+        self.refresh_targets(now);
+        self.drain(now);
+        Ok(self.held())
+    }
+
+    /// Whether this node is being decommissioned.
+    pub fn draining(&self) -> bool {
+        self.identity().meta.draining
+    }
+
+    /// Whether a draining node is done: no replica it holds is in its shard's config any more
+    /// (each was removed and tombstoned, R8), so leaving loses nothing.
+    pub fn drained(&self) -> bool {
+        let me = self.identity().node_id.clone();
+        self.draining()
+            && self.host.replicas().all(|(_, replica)| {
+                let config = replica.config();
+                replica.durable().tombstone.is_some()
+                    || !config
+                        .voters
+                        .iter()
+                        .chain(&config.learners)
+                        .any(|member| member.node == me)
+            })
     }
 
     /// The next moment [`handle_timeout`](Self::handle_timeout) has work.
@@ -944,15 +1023,20 @@ impl Cluster {
     }
 
     fn refresh_table(&mut self) {
-        let mut active: BTreeSet<NodeId> = self
+        // Draining members are left out, unless every member drains (a table needs members).
+        let members: Vec<&Identity> = self
             .foca
             .iter_members()
-            .filter(|member| member.id().spec == self.fingerprint)
-            .map(|member| member.id().node_id.clone())
+            .map(Member::id)
+            .filter(|id| id.spec == self.fingerprint)
+            .chain((!self.leaving).then(|| self.foca.identity()))
             .collect();
-        if !self.leaving {
-            active.insert(self.foca.identity().node_id.clone());
-        }
+        let all_draining = members.iter().all(|id| id.meta.draining);
+        let active: BTreeSet<NodeId> = members
+            .into_iter()
+            .filter(|id| all_draining || !id.meta.draining)
+            .map(|id| id.node_id.clone())
+            .collect();
         let current: BTreeSet<NodeId> = self.ring.members().iter().cloned().collect();
         if active == current {
             return;
@@ -1155,6 +1239,7 @@ impl Cluster {
                     state: state.to_owned(),
                     generation: identity.generation,
                     incarnation,
+                    draining: identity.meta.draining,
                 }
             })
             .collect();

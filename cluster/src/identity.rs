@@ -37,6 +37,9 @@ pub struct NodeMeta {
     /// The member's storage (created with its data dir): with the node id, what a shard's
     /// config names (a wiped node is a new member).
     pub storage: crate::replica::StorageId,
+    /// The member is being decommissioned (`node leave`): placement leaves it out, so every
+    /// replica it holds moves to the others, and it leaves once it holds none.
+    pub draining: bool,
 }
 
 impl NodeMeta {
@@ -45,6 +48,7 @@ impl NodeMeta {
         NodeMeta {
             protocol: crate::wire::WIRE_VERSION,
             storage,
+            draining: false,
         }
     }
 }

@@ -114,6 +114,11 @@ pub enum Request {
     Status,
     /// CLI: per-node ring ownership.
     Ring,
+    /// CLI (`node leave`): decommission the answering node. It leaves placement at once (its
+    /// replicas move to the others, one voter at a time), then leaves the cluster and exits
+    /// once it holds no replica. Refused when the others would be fewer than the replication
+    /// factor.
+    Decommission,
 }
 
 /// The answer to a [`Request`].
@@ -159,6 +164,9 @@ pub enum Response {
     Client(crate::replica::ClientReply),
     /// The answer to [`Request::ShardDigests`].
     ShardDigests(Vec<ShardDigest>),
+    /// The answer to [`Request::Decommission`]: the node is draining; this is what it holds
+    /// now (it leaves when that is nothing).
+    Decommissioning(HeldView),
     /// The answering node has too many client requests waiting: this one was not looked at,
     /// so nothing changed. A client retries after a pause.
     Overloaded {
@@ -298,6 +306,9 @@ pub struct MemberView {
     pub generation: u64,
     /// The member's SWIM incarnation.
     pub incarnation: u16,
+    /// The member is being decommissioned: placement leaves it out while its replicas move
+    /// away (`node leave`).
+    pub draining: bool,
 }
 
 /// The membership list.

@@ -68,7 +68,7 @@ pub(crate) fn client(query: &QueryArgs) -> Result<Endpoint> {
     Ok(endpoint)
 }
 
-async fn ask(
+pub(crate) async fn ask(
     endpoint: &Endpoint,
     addr: SocketAddr,
     request: &Request,
@@ -97,7 +97,7 @@ fn addr_text(node: &NodeRef) -> String {
         .map_or_else(|| "?".to_owned(), |addr| addr.to_string())
 }
 
-fn print_json(value: &Value) {
+pub(crate) fn print_json(value: &Value) {
     say!(
         "{}",
         serde_json::to_string_pretty(value).unwrap_or_default()
@@ -296,6 +296,7 @@ pub(crate) async fn members(query: &QueryArgs) -> Result<ExitCode> {
                 "state": m.state,
                 "generation": m.generation,
                 "incarnation": m.incarnation,
+                "draining": m.draining,
             })).collect::<Vec<_>>(),
         })),
         Output::Table => {
@@ -308,7 +309,11 @@ pub(crate) async fn members(query: &QueryArgs) -> Result<ExitCode> {
                 rows.push(vec![
                     m.id.to_string(),
                     m.addr.to_string(),
-                    m.state.clone(),
+                    if m.draining && m.state != "left" {
+                        format!("{} (draining)", m.state)
+                    } else {
+                        m.state.clone()
+                    },
                     m.generation.to_string(),
                 ]);
             }
@@ -343,14 +348,14 @@ fn status_json(view: &StatusView, held: &BTreeMap<String, HeldView>) -> Value {
 /// What every live member reports about itself: the shards moving (each leader reports those
 /// it leads; the asked node's answer `view` included), what each stores, and the members that
 /// did not answer.
-struct Everywhere {
-    moves: Vec<MoveView>,
-    held: BTreeMap<String, HeldView>,
-    silent: Vec<String>,
+pub(crate) struct Everywhere {
+    pub(crate) moves: Vec<MoveView>,
+    pub(crate) held: BTreeMap<String, HeldView>,
+    pub(crate) silent: Vec<String>,
 }
 
 /// Asks every live member of `view` for its status, one after another.
-async fn status_everywhere(
+pub(crate) async fn status_everywhere(
     endpoint: &Endpoint,
     view: &StatusView,
     query: &QueryArgs,
@@ -379,7 +384,7 @@ async fn status_everywhere(
     everywhere
 }
 
-fn move_json(moving: &MoveView) -> Value {
+pub(crate) fn move_json(moving: &MoveView) -> Value {
     json!({
         "shard": moving.shard,
         "leader": moving.leader.as_str(),
@@ -465,7 +470,7 @@ pub(crate) async fn status(query: &QueryArgs) -> Result<ExitCode> {
 }
 
 /// The table of moving shards, with totals.
-fn print_moves(moves: &[MoveView], silent: &[String]) {
+pub(crate) fn print_moves(moves: &[MoveView], silent: &[String]) {
     if moves.is_empty() {
         say!("no shard is moving");
     } else {

@@ -607,7 +607,13 @@ impl NodeLoop {
                     self.retry_saved_peers();
                     self.expire_clients();
                 }
-                _ = moves.tick() => self.log_moves(),
+                _ = moves.tick() => {
+                    self.log_moves();
+                    if self.core.drained() {
+                        info!("decommissioned: no shard's config names this node any more");
+                        break;
+                    }
+                }
                 Some(members) = self.welcomes_rx.recv() => {
                     info!(members = members.len(), "a saved peer welcomed this node back");
                     let now = self.now();
@@ -874,6 +880,14 @@ impl NodeLoop {
                     self.data_dir.store_node(&node_id, generation)?;
                 }
                 Event::Joined => info!("joined"),
+                Event::Draining { generation } => {
+                    info!(
+                        generation,
+                        "decommissioning: placement leaves this node out; its replicas move to the others, then it leaves"
+                    );
+                    let node_id = self.core.identity().node_id.clone();
+                    self.data_dir.store_node(&node_id, generation)?;
+                }
             }
         }
         Ok(())

@@ -9,6 +9,7 @@ mod cli;
 mod client;
 mod daemon;
 mod datadir;
+mod moves;
 mod probe;
 mod store;
 
@@ -139,6 +140,23 @@ enum Command {
         #[command(flatten)]
         query: QueryArgs,
     },
+    /// Decommissions the node: every replica it holds moves to the other members, then it
+    /// leaves the cluster and exits 0 (refused while the others would be fewer than the
+    /// replication factor).
+    Leave {
+        #[command(flatten)]
+        query: QueryArgs,
+        #[command(flatten)]
+        wait: moves::WaitArgs,
+    },
+    /// The shards moving to their placement target (after a join, leave or failure they move
+    /// by themselves); with --wait, follows them until none is left.
+    Rebalance {
+        #[command(flatten)]
+        query: QueryArgs,
+        #[command(flatten)]
+        wait: moves::WaitArgs,
+    },
     /// Load generator: many concurrent put/get loops on random keys; prints ops/s, latency
     /// percentiles and error counts.
     Bench(Box<bench::BenchArgs>),
@@ -254,6 +272,10 @@ fn main() -> ExitCode {
             },
             &query,
         )),
+        Some(Command::Leave { query, wait }) => runtime.block_on(moves::leave(&query, &wait)),
+        Some(Command::Rebalance { query, wait }) => {
+            runtime.block_on(moves::rebalance(&query, &wait))
+        }
         Some(Command::Bench(args)) => runtime.block_on(bench::run(&args)),
         Some(Command::Probe(args)) => runtime.block_on(probe::run(&args)),
         Some(Command::Del { key, query }) => runtime.block_on(cli::key_op(

@@ -840,6 +840,14 @@ impl Client {
         self.addrs.len()
     }
 
+    /// This handle without node `index` (one that left the cluster for good); the nodes after
+    /// it move down one index.
+    pub(crate) fn without(&self, index: usize) -> Client {
+        let mut client = self.clone();
+        client.addrs.remove(index);
+        client
+    }
+
     /// This handle, with its CLI processes run in group `gid`, which nftables rules can tell
     /// apart from the others' (`meta skgid`).
     pub(crate) fn in_group(&self, gid: u32) -> Client {

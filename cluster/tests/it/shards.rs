@@ -210,3 +210,99 @@ fn a_join_moves_at_most_max_moves_shards_per_leader_at_once() {
         );
     }
 }
+
+/// `decommission` (`node leave`): placement leaves the draining node out, the leaders move
+/// every replica it holds to the others (its own shards by handoff first), it is `drained`,
+/// and after its leave the others list it as `left`, with every shard on the three others.
+/// With only the replication factor's number of others it is refused and nothing changes.
+#[test]
+fn a_decommissioned_node_hands_every_replica_over_then_leaves() {
+    use cluster::wire::{Request, Response};
+    for seed in seeds(3) {
+        let mut net = three_nodes(seed);
+        let now = net.now;
+        let refused =
+            net.slots[2]
+                .core
+                .as_mut()
+                .unwrap()
+                .handle_request(now, None, Request::Decommission);
+        assert!(
+            matches!(&refused, Response::Refused { reason } if reason.contains("replication factor")),
+            "seed {seed}: {refused:?}"
+        );
+        assert!(
+            !net.core(2).draining(),
+            "seed {seed}: a refusal changes nothing"
+        );
+        net.start(3, Some(0)).unwrap();
+        net.run_until(net.now + Duration::from_secs(15));
+        let held = net.core(3).held();
+        assert!(
+            held.shards > 0,
+            "seed {seed}: n3 holds shards after joining"
+        );
+        let now = net.now;
+        let from_peer = net.slots[3].core.as_mut().unwrap().handle_request(
+            now,
+            Some(&name(0)),
+            Request::Decommission,
+        );
+        assert!(matches!(from_peer, Response::Refused { .. }), "seed {seed}");
+        let answer =
+            net.slots[3]
+                .core
+                .as_mut()
+                .unwrap()
+                .handle_request(now, None, Request::Decommission);
+        assert!(
+            matches!(answer, Response::Decommissioning(_)),
+            "seed {seed}: {answer:?}"
+        );
+        assert!(net.core(3).draining(), "seed {seed}");
+        let deadline = net.now + Duration::from_secs(30);
+        while !net.core(3).drained() {
+            assert!(
+                net.now < deadline,
+                "seed {seed}: n3 still holds {:?}",
+                net.core(3).held()
+            );
+            net.run_until(net.now + Duration::from_millis(10));
+        }
+        assert!(
+            net.core(0)
+                .members()
+                .members
+                .iter()
+                .any(|m| m.id == name(3) && m.draining),
+            "seed {seed}: peers see n3 draining"
+        );
+        net.leave(3);
+        net.run_until(net.now + Duration::from_secs(5));
+        for index in 0..3 {
+            assert_eq!(
+                net.listed(index, "left"),
+                vec!["n3"],
+                "seed {seed}: n{index}"
+            );
+            for shard in 0..SHARDS as u16 {
+                let replica = net.core(index).shards().replica(shard).unwrap();
+                let voters: Vec<_> = replica
+                    .config()
+                    .voters
+                    .iter()
+                    .map(|m| m.node.clone())
+                    .collect();
+                assert_eq!(
+                    voters.len(),
+                    3,
+                    "seed {seed}: shard {shard} on n{index}: {voters:?}"
+                );
+                assert!(
+                    !voters.contains(&name(3)),
+                    "seed {seed}: shard {shard}: {voters:?}"
+                );
+            }
+        }
+    }
+}
