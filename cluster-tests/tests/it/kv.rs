@@ -16,7 +16,7 @@ use crate::configs::{
     CONFIGS_SETTLE_WITHIN, Config, SETTLE_PROBE_EVERY, config, own_config, settled_config,
     shard_of, wait_configs_match_target,
 };
-use crate::harness::{CONVERGE_WITHIN, Client, Cluster, members, wait_until};
+use crate::harness::{CONVERGE_WITHIN, Client, Cluster, wait_until};
 use crate::workload::{
     History, OP_TIMEOUT, Outcome, RECOVER_WITHIN, Rng, Workload, assert_every_key_acknowledged,
     check_histories, finish, kv, write_loop,
@@ -38,7 +38,7 @@ fn writer_key(writer: usize, slot: usize) -> String {
 
 /// One writer: puts `KEY=vN` with increasing N to its keys in turn, each through a random node
 /// that is up, until told to stop; returns the histories of its keys.
-fn writer(client: &Client, writer: usize, workload: &Workload) -> Vec<History> {
+pub(crate) fn writer(client: &Client, writer: usize, workload: &Workload) -> Vec<History> {
     let mut rng = Rng::new(writer as u64 + 1);
     let keys: Vec<String> = (0..KEYS_PER_WRITER)
         .map(|slot| writer_key(writer, slot))
@@ -558,70 +558,4 @@ fn five_nodes_settle_every_shard_to_its_target() {
         Some(3),
         "{answer}"
     );
-}
-
-/// Decommission during writes (issue 6): `node leave --wait` against a fourth node moves every
-/// replica it holds to the three others and returns once the node left; the node exits 0, the
-/// others list it as `left`, no shard's config names it, and every acknowledged write reads
-/// back through the three.
-#[test]
-fn a_node_decommissioned_during_writes_hands_over_and_exits_0() {
-    let mut cluster = Cluster::launch_with("kv-leave", 4, FLAGS);
-    wait_configs_match_target(&cluster, SHARDS, CONFIGS_SETTLE_WITHIN);
-    let leaver = cluster.index_of("n3");
-    let client = cluster.client();
-    let workload = Workload::new(client.len());
-
-    let histories: Vec<History> = thread::scope(|scope| {
-        let writers: Vec<_> = (0..WRITERS)
-            .map(|number| {
-                let (client, workload) = (&client, &workload);
-                scope.spawn(move || writer(client, number, workload))
-            })
-            .collect();
-        let leave = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-            workload.wait_progress(WRITERS * 2, RECOVER_WITHIN, "the writers make progress");
-            let status = cluster.query(leaver, &["status"]);
-            let held = status["nodes"]
-                .as_array()
-                .and_then(|nodes| nodes.iter().find(|node| node["id"] == "n3"))
-                .map(|node| node["held"]["shards"].as_u64().unwrap_or(0));
-            assert!(
-                held > Some(0),
-                "n3 holds replicas before it leaves: {status}"
-            );
-            let output = cluster
-                .cli(
-                    leaver,
-                    &["leave", "--wait", "--wait-timeout", "120"],
-                    "json",
-                )
-                .expect("node leave runs");
-            workload.up.set(leaver, false);
-            let answer = output
-                .json()
-                .unwrap_or_else(|error| panic!("node leave: {error}"));
-            assert_eq!(answer["left"], true, "{answer}");
-            let exit = cluster.wait_exit(leaver, Duration::from_secs(10));
-            assert!(exit.success(), "n3 exits 0 after its leave: {exit}");
-            let members = members(&cluster.query(0, &["members"])).expect("members");
-            let n3 = members.iter().find(|member| member.id == "n3");
-            assert_eq!(
-                n3.map(|member| member.state.as_str()),
-                Some("left"),
-                "{members:?}"
-            );
-            let configs = wait_configs_match_target(&cluster, SHARDS, CONFIGS_SETTLE_WITHIN);
-            for config in &configs {
-                assert!(
-                    !config.voters.iter().any(|id| id == "n3") && config.voters.len() == 3,
-                    "{config:?}"
-                );
-            }
-            workload.wait_progress(WRITERS, RECOVER_WITHIN, "writes after the leave");
-        }));
-        finish(&[&workload], writers, leave)
-    });
-    assert_every_key_acknowledged(&histories);
-    check_histories(&cluster.client().without(leaver), &histories);
 }

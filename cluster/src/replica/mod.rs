@@ -528,6 +528,10 @@ const SNAPSHOT_WINDOW: u64 = 2;
 /// times `compact_after` entries.
 const COMPACT_HARD_CAP: u64 = 4;
 
+/// How long a replica that stepped down waits for its log to decide the writes it had
+/// appended (`undecided`) before answering them `Indeterminate`.
+const UNDECIDED_FOR: Duration = Duration::from_secs(2);
+
 /// How long a leader waits between two handoffs to the placement target (R3).
 const T_STABLE: Duration = Duration::from_secs(10);
 
@@ -588,6 +592,12 @@ pub struct ShardReplica {
     last_handoff: Option<Duration>,
     /// A snapshot being received (R6).
     incoming: Option<SnapshotReceive>,
+    /// Writes this replica appended as leader that had not committed when it stepped down, by
+    /// index: the attempt, the entry's ballot, and when to give up. The log decides them: `Ok`
+    /// once that entry is applied (a handoff's target, or the next leader, committed it);
+    /// `Indeterminate` once another entry is applied at its index, at the deadline, or when a
+    /// snapshot skips the index.
+    undecided: BTreeMap<u64, (RequestTag, Ballot, Duration)>,
     /// The next view of this replica's disk to ask for (R6 transfers).
     next_view: ViewId,
     /// Reads of this replica's disk for the shell.
@@ -639,6 +649,7 @@ impl ShardReplica {
             target: None,
             last_handoff: None,
             incoming: None,
+            undecided: BTreeMap::new(),
             next_view: 0,
             reads: VecDeque::new(),
             rng: seed | 1,
@@ -2452,6 +2463,18 @@ impl ShardReplica {
                 self.replies
                     .push_back((tag, ClientReply::Ok { value: None }));
             }
+            if let Some((tag, b, _)) = self.undecided.remove(&index) {
+                // Committed entries are unique per index: ours (`Ok`), or ours can never commit.
+                // Even then the attempt stays `Indeterminate`, not `Moved`: its entry was
+                // appended, and a refused attempt is one that never was (the model checks
+                // "refused attempts never appended").
+                let reply = if entry.tag == Some(tag) && entry.ballot == b {
+                    ClientReply::Ok { value: None }
+                } else {
+                    ClientReply::Indeterminate
+                };
+                self.replies.push_back((tag, reply));
+            }
         }
     }
 
@@ -2614,22 +2637,26 @@ impl ShardReplica {
 
     // ---- role changes ----
 
-    /// Leaves leadership or candidacy: appended writes are indeterminate, reads unavailable.
+    /// Leaves leadership or candidacy: appended writes wait for the log to decide them
+    /// (`undecided`), reads are unavailable.
     fn step_down(&mut self, now: Duration) {
         match std::mem::replace(&mut self.role, Role::Follower) {
             Role::Leader(leader) => {
                 let leader = *leader;
                 tracing::debug!(shard = self.shard, b = %leader.b.n, "stepping down");
-                for (_, tag) in leader.writes {
-                    let reply = if self.mutations.moved_for_appended {
-                        ClientReply::Moved {
+                // Appended writes: their entries may still commit (a handoff target, or the
+                // next leader, holds them) or not; the log decides later (`undecided`).
+                for (index, tag) in leader.writes {
+                    if self.mutations.moved_for_appended {
+                        let reply = ClientReply::Moved {
                             b: self.durable.promised.clone(),
                             leader: None,
-                        }
+                        };
+                        self.replies.push_back((tag, reply));
                     } else {
-                        ClientReply::Indeterminate
-                    };
-                    self.replies.push_back((tag, reply));
+                        let until = now + UNDECIDED_FOR;
+                        self.undecided.insert(index, (tag, leader.b.clone(), until));
+                    }
                 }
                 // R7 (4): held writes were never appended; the target leads now.
                 let moved_to = leader.transfer.as_ref().map(|t| t.to.node.clone());
@@ -2652,7 +2679,6 @@ impl ShardReplica {
             }
             Role::Candidate(_) | Role::Follower => {}
         }
-        let _ = now;
     }
 
     fn redirect(&self) -> ClientReply {
@@ -2711,6 +2737,7 @@ impl ShardReplica {
     /// Closes the handler: the open batch becomes a `Persist`, pending messages are tagged
     /// with the batch they wait for, and a wanted read round goes out.
     fn finish(&mut self, now: Duration) {
+        self.expire_undecided(now);
         if let Role::Leader(leader) = &self.role
             && leader.round_wanted
         {
@@ -2721,6 +2748,27 @@ impl ShardReplica {
             self.open_since = Some(now);
         }
         self.tag_pending();
+    }
+
+    /// Answers `Indeterminate` to the undecided writes whose deadline passed, whose index a
+    /// snapshot skipped, or all of them once this replica is removed: the log will not tell.
+    fn expire_undecided(&mut self, now: Duration) {
+        if self.undecided.is_empty() {
+            return;
+        }
+        let removed = self.durable.tombstone.is_some();
+        let applied = self.durable.applied;
+        let expired: Vec<u64> = self
+            .undecided
+            .iter()
+            .filter(|(index, (_, _, until))| removed || **index <= applied || *until <= now)
+            .map(|(index, _)| *index)
+            .collect();
+        for index in expired {
+            if let Some((tag, _, _)) = self.undecided.remove(&index) {
+                self.replies.push_back((tag, ClientReply::Indeterminate));
+            }
+        }
     }
 
     /// Moves the handler's messages to the outbox, each waiting for the batch that holds the
