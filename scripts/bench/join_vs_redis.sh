@@ -138,6 +138,13 @@ during_p99=$(json_field "$WORK/during.json" 'd["writes"]["latency_ms"]["p99"]')
 during_failed=$(json_field "$WORK/during.json" 'd["writes"]["ops"] - d["writes"]["ok"]')
 SL_RATE=$(awk -v k="$moved" -v t="$took" 'BEGIN { printf "%.0f", k / t }')
 log "slotring join: n3 holds $moved keys in $shards shards after $took s: $SL_RATE keys/s"
+# A join of the 4th node must give it a copy of at least 3/4 of the shards (replication factor
+# 3 over 4 nodes); each shard it gained is one move (a learner added, one old voter removed),
+# and a 3 -> 4 join moves no copy between the old nodes (BENCHMARKS.md, "Balance and
+# movement": 0.00 at N = 3), so the shards it holds are the shards moved.
+spec_shards=$(json_field "$WORK/status.json" 'd["shards"]')
+log "slotring shards moved: $shards, theoretical minimum $(((spec_shards * 3 + 3) / 4)):" \
+    "$(awk -v a="$shards" -v m="$(((spec_shards * 3 + 3) / 4))" 'BEGIN { printf "%.3f", a / m }')×"
 log "slotring during the join: paced writer at $RATE/s: write p99 $during_p99 ms" \
     "($(awk -v a="$during_p99" -v b="$idle_p99" 'BEGIN { printf "%.2f", a / b }')× idle), $during_failed failed"
 sed 's/^/  /' "$WORK/check.txt" >>"$OUT"

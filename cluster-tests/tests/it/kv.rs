@@ -27,7 +27,7 @@ const SHARDS: u16 = 16;
 /// The daemon flags of every node here.
 const FLAGS: &[&str] = &["--shards", "16"];
 /// Concurrent writers in the workloads; each owns [`KEYS_PER_WRITER`] keys.
-const WRITERS: usize = 3;
+pub(crate) const WRITERS: usize = 3;
 /// Keys each writer owns and writes in turn.
 const KEYS_PER_WRITER: usize = 2;
 
@@ -38,13 +38,30 @@ fn writer_key(writer: usize, slot: usize) -> String {
 
 /// One writer: puts `KEY=vN` with increasing N to its keys in turn, each through a random node
 /// that is up, until told to stop; returns the histories of its keys.
-pub(crate) fn writer(client: &Client, writer: usize, workload: &Workload) -> Vec<History> {
+fn writer(client: &Client, writer: usize, workload: &Workload) -> Vec<History> {
     let mut rng = Rng::new(writer as u64 + 1);
     let keys: Vec<String> = (0..KEYS_PER_WRITER)
         .map(|slot| writer_key(writer, slot))
         .collect();
     write_loop(client, &keys, workload, OP_TIMEOUT, || {
         workload.up.pick(&mut rng)
+    })
+}
+
+/// Runs `faults` on this thread while [`WRITERS`] writers write through `client`'s nodes (the
+/// ones `workload` holds up), then stops the writers and returns their histories. A panic in
+/// `faults` is raised again once the writers have stopped.
+pub(crate) fn under_writes(
+    client: &Client,
+    workload: &Workload,
+    faults: impl FnOnce(),
+) -> Vec<History> {
+    thread::scope(|scope| {
+        let writers: Vec<_> = (0..WRITERS)
+            .map(|number| scope.spawn(move || writer(client, number, workload)))
+            .collect();
+        let faults = std::panic::catch_unwind(std::panic::AssertUnwindSafe(faults));
+        finish(&[workload], writers, faults)
     })
 }
 
@@ -188,58 +205,49 @@ fn acknowledged_writes_survive_leader_kills() {
     let client = cluster.client();
     let workload = Workload::new(client.len());
 
-    let histories: Vec<History> = thread::scope(|scope| {
-        let writers: Vec<_> = (0..WRITERS)
-            .map(|number| {
-                let (client, workload) = (&client, &workload);
-                scope.spawn(move || writer(client, number, workload))
-            })
-            .collect();
-        let faults = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-            workload.wait_progress(WRITERS * 2, RECOVER_WITHIN, "the writers make progress");
-            for round in 0..KILLS {
-                let key = writer_key(round % WRITERS, round % KEYS_PER_WRITER);
+    let histories = under_writes(&client, &workload, || {
+        workload.wait_progress(WRITERS * 2, RECOVER_WITHIN, "the writers make progress");
+        for round in 0..KILLS {
+            let key = writer_key(round % WRITERS, round % KEYS_PER_WRITER);
+            let asker = cluster.running()[0];
+            let shard = shard_of(&cluster, asker, &key);
+            let what = format!("shard {shard} (of {key}) has a leader that runs");
+            let leader = wait_until(RECOVER_WITHIN, &what, || {
                 let asker = cluster.running()[0];
-                let shard = shard_of(&cluster, asker, &key);
-                let what = format!("shard {shard} (of {key}) has a leader that runs");
-                let leader = wait_until(RECOVER_WITHIN, &what, || {
-                    let asker = cluster.running()[0];
-                    let hint = config(&cluster, asker, shard)?.leader;
-                    let Some(index) = hint.as_ref().map(|id| cluster.index_of(id)) else {
-                        return Err(format!("{} names no leader", cluster.node(asker).id));
-                    };
-                    if !cluster.node(index).is_running() {
-                        return Err(format!("{hint:?} does not run"));
-                    }
-                    // The hint may be stale: the leader must say so itself.
-                    match own_config(&cluster, index, shard)?.leader {
-                        own if own == hint => Ok(index),
-                        own => Err(format!("{hint:?} names {own:?}")),
-                    }
-                });
-                eprintln!(
-                    "round {round}: kill -9 {} (leader of shard {shard}, key {key})",
-                    cluster.node(leader).id
-                );
-                workload.up.set(leader, false);
-                cluster.kill9(leader);
-                workload.wait_progress(
-                    WRITERS,
-                    RECOVER_WITHIN,
-                    "writes are acknowledged without the killed leader",
-                );
-                cluster.restart(leader);
-                cluster.wait_answering(leader);
-                workload.up.set(leader, true);
-                cluster.wait_converged(CONVERGE_WITHIN);
-                workload.wait_progress(
-                    WRITERS,
-                    RECOVER_WITHIN,
-                    "writes are acknowledged after the restart",
-                );
-            }
-        }));
-        finish(&[&workload], writers, faults)
+                let hint = config(&cluster, asker, shard)?.leader;
+                let Some(index) = hint.as_ref().map(|id| cluster.index_of(id)) else {
+                    return Err(format!("{} names no leader", cluster.node(asker).id));
+                };
+                if !cluster.node(index).is_running() {
+                    return Err(format!("{hint:?} does not run"));
+                }
+                // The hint may be stale: the leader must say so itself.
+                match own_config(&cluster, index, shard)?.leader {
+                    own if own == hint => Ok(index),
+                    own => Err(format!("{hint:?} names {own:?}")),
+                }
+            });
+            eprintln!(
+                "round {round}: kill -9 {} (leader of shard {shard}, key {key})",
+                cluster.node(leader).id
+            );
+            workload.up.set(leader, false);
+            cluster.kill9(leader);
+            workload.wait_progress(
+                WRITERS,
+                RECOVER_WITHIN,
+                "writes are acknowledged without the killed leader",
+            );
+            cluster.restart(leader);
+            cluster.wait_answering(leader);
+            workload.up.set(leader, true);
+            cluster.wait_converged(CONVERGE_WITHIN);
+            workload.wait_progress(
+                WRITERS,
+                RECOVER_WITHIN,
+                "writes are acknowledged after the restart",
+            );
+        }
     });
     assert_every_key_acknowledged(&histories);
     check_histories(&client, &histories);
@@ -491,37 +499,28 @@ fn a_fourth_node_joins_during_writes() {
     let client = cluster.client();
     let workload = Workload::new(client.len());
 
-    let histories: Vec<History> = thread::scope(|scope| {
-        let writers: Vec<_> = (0..WRITERS)
-            .map(|number| {
-                let (client, workload) = (&client, &workload);
-                scope.spawn(move || writer(client, number, workload))
-            })
-            .collect();
-        let join = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-            workload.wait_progress(WRITERS * 2, RECOVER_WITHIN, "the writers make progress");
-            let joiner = cluster.add_node("n3", None, FLAGS);
-            cluster.start_joining(joiner, 0);
-            cluster.wait_answering(joiner);
-            cluster.wait_converged(CONVERGE_WITHIN);
-            let configs = wait_configs_match_target(&cluster, SHARDS, CONFIGS_SETTLE_WITHIN);
-            let joined = configs
-                .iter()
-                .filter(|config| config.voters.iter().any(|id| id == "n3"))
-                .count();
-            eprintln!("n3 is a voter of {joined} of {SHARDS} shards");
-            assert!(joined > 0, "n3 is in no shard's target: {configs:?}");
-            // Every config is its target, so `status` (asking every node) lists no move.
-            let status = cluster.query(joiner, &["status"]);
-            assert_eq!(status["moving"], serde_json::json!([]), "{status}");
-            assert_eq!(
-                status["moving_unknown_from"],
-                serde_json::json!([]),
-                "{status}"
-            );
-            workload.wait_progress(WRITERS, RECOVER_WITHIN, "writes after the join");
-        }));
-        finish(&[&workload], writers, join)
+    let histories = under_writes(&client, &workload, || {
+        workload.wait_progress(WRITERS * 2, RECOVER_WITHIN, "the writers make progress");
+        let joiner = cluster.add_node("n3", None, FLAGS);
+        cluster.start_joining(joiner, 0);
+        cluster.wait_answering(joiner);
+        cluster.wait_converged(CONVERGE_WITHIN);
+        let configs = wait_configs_match_target(&cluster, SHARDS, CONFIGS_SETTLE_WITHIN);
+        let joined = configs
+            .iter()
+            .filter(|config| config.voters.iter().any(|id| id == "n3"))
+            .count();
+        eprintln!("n3 is a voter of {joined} of {SHARDS} shards");
+        assert!(joined > 0, "n3 is in no shard's target: {configs:?}");
+        // Every config is its target, so `status` (asking every node) lists no move.
+        let status = cluster.query(joiner, &["status"]);
+        assert_eq!(status["moving"], serde_json::json!([]), "{status}");
+        assert_eq!(
+            status["moving_unknown_from"],
+            serde_json::json!([]),
+            "{status}"
+        );
+        workload.wait_progress(WRITERS, RECOVER_WITHIN, "writes after the join");
     });
     assert_every_key_acknowledged(&histories);
     // Read through all four nodes, the joiner included.

@@ -2222,15 +2222,34 @@ impl ShardReplica {
             self.commit = new_commit;
             self.note_removals(before);
             self.apply_committed();
+            let mut newly_established = false;
             if let Role::Leader(leader) = &mut self.role
                 && self.commit >= leader.epoch_index
             {
+                newly_established = !leader.established;
                 leader.established = true;
+            }
+            if newly_established {
+                self.note_past_removals();
             }
             self.serve_reads();
             if self.established_ballot().is_some() {
                 self.reconfigure(now);
             }
+        }
+    }
+
+    /// R8 after a leader change: the members that configs in the log dropped, and that the
+    /// active config does not name again, may never have heard `Removed` from the leader that
+    /// dropped them (it lost its leadership first), and would keep their copies for good; this
+    /// leader tells them too. One that tombstoned already only acknowledges.
+    fn note_past_removals(&mut self) {
+        self.note_removals(self.durable.base.pos.index);
+        let active = active(&self.durable, self.config_at).clone();
+        if let Role::Leader(leader) = &mut self.role {
+            leader.removing.retain(|_, (member, _, _)| {
+                !active.voters.contains(member) && !active.learners.contains(member)
+            });
         }
     }
 
@@ -2560,6 +2579,8 @@ impl ShardReplica {
         let removing: Vec<(Member, Message)> = leader
             .removing
             .values()
+            // A member SWIM holds down is told once it is back.
+            .filter(|(member, _, _)| !self.dead.contains(&member.node))
             .map(|(member, pos, config)| {
                 let message = Message::Removed {
                     b: leader.b.clone(),
