@@ -408,12 +408,15 @@ impl ShardHost {
         while let Some(read) = replica.poll_snapshot_read() {
             self.reads.push_back((shard, read));
         }
-        if self.moving.contains(&shard)
-            && !self
-                .given
-                .get(&shard)
-                .is_some_and(|target| self.starts_move(shard, target))
+        // A move ends when the voters are the target; one also starts without a handout when
+        // a replica holding its target becomes leader, and it counts from then on.
+        if self
+            .given
+            .get(&shard)
+            .is_some_and(|target| self.starts_move(shard, target))
         {
+            self.moving.insert(shard);
+        } else {
             self.moving.remove(&shard);
         }
         let Some(replica) = self.replicas.get_mut(&shard) else {
