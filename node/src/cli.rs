@@ -68,15 +68,26 @@ pub(crate) fn client(query: &QueryArgs) -> Result<Endpoint> {
     Ok(endpoint)
 }
 
+/// `request` to the node at `addr`, within `--timeout`; a refusal is an error.
 pub(crate) async fn ask(
     endpoint: &Endpoint,
     addr: SocketAddr,
     request: &Request,
     query: &QueryArgs,
 ) -> Result<Response> {
+    ask_within(endpoint, addr, request, query.timeout()).await
+}
+
+/// [`ask`], within `timeout`.
+async fn ask_within(
+    endpoint: &Endpoint,
+    addr: SocketAddr,
+    request: &Request,
+    timeout: std::time::Duration,
+) -> Result<Response> {
     let body = Bytes::from(wire::encode(request));
     let answer = endpoint
-        .request(addr, None, body, query.timeout())
+        .request(addr, None, body, timeout)
         .await
         .with_context(|| format!("asking {addr}"))?;
     match wire::decode::<Response>(&answer).with_context(|| format!("decoding {addr}'s answer"))? {
@@ -354,7 +365,7 @@ pub(crate) struct Everywhere {
     pub(crate) silent: Vec<String>,
 }
 
-/// Asks every live member of `view` for its status, one after another.
+/// Asks every live member of `view` for its status, all at once.
 pub(crate) async fn status_everywhere(
     endpoint: &Endpoint,
     view: &StatusView,
@@ -365,21 +376,33 @@ pub(crate) async fn status_everywhere(
         held: BTreeMap::from([(view.node.to_string(), view.held)]),
         silent: Vec::new(),
     };
+    // All at once: a member that does not answer costs one `--timeout`, not one each.
+    let mut asks = tokio::task::JoinSet::new();
     for node in &view.nodes {
         let live = node.member.state == "alive" || node.member.state == "suspect";
         if !live || node.member.id == view.node {
             continue;
         }
-        match ask(endpoint, node.member.addr, &Request::Status, query).await {
+        let (endpoint, addr, timeout) = (endpoint.clone(), node.member.addr, query.timeout());
+        let id = node.member.id.to_string();
+        asks.spawn(async move {
+            let answer = ask_within(&endpoint, addr, &Request::Status, timeout).await;
+            (id, answer)
+        });
+    }
+    while let Some(joined) = asks.join_next().await {
+        let Ok((id, answer)) = joined else {
+            continue; // A task cannot panic here; nothing to report if it did.
+        };
+        match answer {
             Ok(Response::Status(theirs)) => {
                 everywhere.moves.extend(theirs.moving);
-                everywhere
-                    .held
-                    .insert(node.member.id.to_string(), theirs.held);
+                everywhere.held.insert(id, theirs.held);
             }
-            _ => everywhere.silent.push(node.member.id.to_string()),
+            _ => everywhere.silent.push(id),
         }
     }
+    everywhere.silent.sort();
     everywhere.moves.sort_by_key(|moving| moving.shard);
     everywhere
 }
