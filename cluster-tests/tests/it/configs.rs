@@ -148,6 +148,14 @@ pub(crate) fn wait_configs_match_target(
     })
 }
 
+/// How many of `configs` name node `id` a voter.
+pub(crate) fn voter_in(configs: &[Config], id: &str) -> usize {
+    configs
+        .iter()
+        .filter(|config| config.voters.iter().any(|voter| voter == id))
+        .count()
+}
+
 /// `shard-for KEY` from node `index`: the key's shard.
 pub(crate) fn shard_of(cluster: &Cluster, index: usize, key: &str) -> u16 {
     let answer = cluster.query(index, &["shard-for", key]);

@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 
 use crate::configs::{
     CONFIGS_SETTLE_WITHIN, Config, SETTLE_PROBE_EVERY, config, own_config, settled_config,
-    shard_of, wait_configs_match_target,
+    shard_of, voter_in, wait_configs_match_target,
 };
 use crate::harness::{CONVERGE_WITHIN, Client, Cluster, wait_until};
 use crate::workload::{
@@ -506,10 +506,7 @@ fn a_fourth_node_joins_during_writes() {
         cluster.wait_answering(joiner);
         cluster.wait_converged(CONVERGE_WITHIN);
         let configs = wait_configs_match_target(&cluster, SHARDS, CONFIGS_SETTLE_WITHIN);
-        let joined = configs
-            .iter()
-            .filter(|config| config.voters.iter().any(|id| id == "n3"))
-            .count();
+        let joined = voter_in(&configs, "n3");
         eprintln!("n3 is a voter of {joined} of {SHARDS} shards");
         assert!(joined > 0, "n3 is in no shard's target: {configs:?}");
         // Every config is its target, so `status` (asking every node) lists no move.

@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use serde_json::Value;
 
-use crate::configs::{CONFIGS_SETTLE_WITHIN, wait_configs_match_target};
+use crate::configs::{CONFIGS_SETTLE_WITHIN, voter_in, wait_configs_match_target};
 use crate::harness::{CONVERGE_WITHIN, Cluster, members, wait_until};
 use crate::kv::{WRITERS, under_writes};
 use crate::workload::{RECOVER_WITHIN, Workload, assert_every_key_acknowledged, check_histories};
@@ -173,10 +173,7 @@ fn moves_complete_after_kill9_of_their_target_and_of_their_source() {
 
     cluster.wait_converged(CONVERGE_WITHIN);
     let configs = wait_configs_match_target(&cluster, SHARDS, CONFIGS_SETTLE_WITHIN);
-    let joined = configs
-        .iter()
-        .filter(|config| config.voters.iter().any(|id| id == "n3"))
-        .count();
+    let joined = voter_in(&configs, "n3");
     assert!(joined > 0, "n3 is in no shard's config: {configs:?}");
     wait_until(RECOVER_WITHIN, "`node check` passes", || {
         let answer = cluster.try_query(0, &["check"])?;
@@ -225,10 +222,7 @@ fn churn_of_joins_and_leaves_under_writes_loses_nothing() {
             cluster.start_joining(index, round % 3);
             cluster.wait_answering(index);
             let configs = wait_configs_match_target(&cluster, SHARDS, CONFIGS_SETTLE_WITHIN);
-            let joined = configs
-                .iter()
-                .filter(|config| config.voters.contains(&id))
-                .count();
+            let joined = voter_in(&configs, &id);
             eprintln!("round {round}: {id} joined {joined} of {SHARDS} shards");
             assert!(joined > 0, "{id} is in no shard's config: {configs:?}");
             let output = cluster
