@@ -33,8 +33,9 @@ pub(crate) struct WaitArgs {
     /// otherwise); exit 1 if they are not done within `--wait-timeout`.
     #[arg(long)]
     pub(crate) wait: bool,
-    /// How long `--wait` waits at most, in seconds.
-    #[arg(long, env = "SLOTRING_WAIT_TIMEOUT", default_value_t = 3600)]
+    /// How long `--wait` waits at most, in seconds (1 to 604800, a week).
+    #[arg(long, env = "SLOTRING_WAIT_TIMEOUT", default_value_t = 3600,
+        value_parser = clap::value_parser!(u64).range(1..=604_800))]
     pub(crate) wait_timeout: u64,
 }
 
