@@ -22,11 +22,12 @@ use tracing::debug;
 use crate::error::{BindError, DatagramError, RequestError, RespondError};
 use crate::frame::{
     CODE_BAD_FRAME, CODE_FRAME_TOO_LARGE, CODE_NO_RESPONSE, ReadFrameError, describe_code,
-    read_frame, write_frame,
+    read_body, read_frame, read_len, write_frame,
 };
 use crate::identity::{NODE_SERVER_NAME, PeerIdentity, identity_of};
 use crate::limits::Limits;
 use crate::pki::{ClientTls, NodeTls};
+use crate::session::{self, SESSION_MARKER, SESSION_MAX_REQUEST, Session, SessionWay};
 
 /// The ALPN protocol every slotring connection negotiates; it carries the protocol version.
 /// A peer offering anything else is refused during the handshake.
@@ -91,25 +92,47 @@ pub enum Inbound {
 }
 
 /// The way back to one requester. [`Responder::respond`] sends the response; dropping a
-/// `Responder` unanswered resets the stream, so the requester gets an error at once instead
-/// of waiting for its deadline.
+/// `Responder` unanswered tells the requester at once (a reset stream, or a refusal through
+/// its session) instead of letting it wait for its deadline.
 pub struct Responder {
-    send: Option<quinn::SendStream>,
+    way: Option<Way>,
     max_frame_bytes: u32,
     runtime: Handle,
     peer: SocketAddr,
 }
 
+/// How a response travels: on the request's own stream, or through its session.
+#[derive(Debug)]
+enum Way {
+    Stream(quinn::SendStream),
+    Session(SessionWay),
+}
+
 impl Responder {
-    /// Sends `body` as the response and finishes the stream.
+    pub(crate) fn through_session(
+        way: SessionWay,
+        max_frame_bytes: u32,
+        runtime: Handle,
+        peer: SocketAddr,
+    ) -> Responder {
+        Responder {
+            way: Some(Way::Session(way)),
+            max_frame_bytes,
+            runtime,
+            peer,
+        }
+    }
+
+    /// Sends `body` as the response (and finishes the request's stream, if it has one).
     ///
     /// Does not wait: the write runs on a task of the endpoint's runtime, so the node's loop
     /// never waits on a slow requester. A failure after this returns (the peer went away) is
     /// logged at debug; the requester sees it as its own error.
     pub fn respond(mut self, body: Bytes) -> Result<(), RespondError> {
-        let max = self.max_frame_bytes;
-        if u32::try_from(body.len()).is_ok_and(|len| len <= max) {
-            if let Some(mut send) = self.send.take() {
+        let (max, len) = (self.max_frame_bytes, body.len());
+        let fits = u32::try_from(len).is_ok_and(|len| len <= max);
+        match self.way.take() {
+            Some(Way::Stream(mut send)) if fits => {
                 let peer = self.peer;
                 self.runtime.spawn(async move {
                     let result = write_frame(&mut send, body).await;
@@ -119,25 +142,27 @@ impl Responder {
                     }
                 });
             }
+            Some(Way::Session(way)) if fits => way.send(Ok(body)),
+            // Already reset or finished is fine: the requester is told either way.
+            Some(Way::Stream(mut send)) => drop(send.reset(CODE_FRAME_TOO_LARGE)),
+            Some(Way::Session(way)) => way.send(Err(CODE_FRAME_TOO_LARGE)),
+            None => {}
+        }
+        if fits {
             Ok(())
         } else {
-            if let Some(mut send) = self.send.take() {
-                // Already reset or finished is fine: the requester is told either way.
-                let _ = send.reset(CODE_FRAME_TOO_LARGE);
-            }
-            Err(RespondError::FrameTooLarge {
-                len: body.len(),
-                max,
-            })
+            Err(RespondError::FrameTooLarge { len, max })
         }
     }
 }
 
 impl Drop for Responder {
     fn drop(&mut self) {
-        if let Some(mut send) = self.send.take() {
+        match self.way.take() {
             // Already closed is fine: the requester has its answer (an error) already.
-            let _ = send.reset(CODE_NO_RESPONSE);
+            Some(Way::Stream(mut send)) => drop(send.reset(CODE_NO_RESPONSE)),
+            Some(Way::Session(way)) => way.send(Err(CODE_NO_RESPONSE)),
+            None => {}
         }
     }
 }
@@ -146,7 +171,7 @@ impl fmt::Debug for Responder {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Responder")
             .field("peer", &self.peer)
-            .field("answered", &self.send.is_none())
+            .field("answered", &self.way.is_none())
             .finish_non_exhaustive()
     }
 }
@@ -244,6 +269,8 @@ struct Waiter {
 struct Ready {
     conn: quinn::Connection,
     node: NodeId,
+    /// The session small requests share, opened at the first one; replaced when it fails.
+    session: Option<Arc<Session>>,
 }
 
 impl Ready {
@@ -347,7 +374,7 @@ fn classify(error: &ConnectionError) -> Lost {
     }
 }
 
-fn lost_to_request_error(addr: SocketAddr, error: &ConnectionError) -> RequestError {
+pub(crate) fn lost_to_request_error(addr: SocketAddr, error: &ConnectionError) -> RequestError {
     match classify(error) {
         Lost::Handshake(reason) => RequestError::Handshake { addr, reason },
         Lost::Refused => RequestError::Refused { addr },
@@ -552,8 +579,10 @@ impl Endpoint {
     ///
     /// Uses the cached connection to `to`, or makes one (and caches it). `expected` is the
     /// node that must be at `to`; `None` accepts any node of this cluster's CA (the CLI, and
-    /// a joiner that knows only a seed's address). The request is one frame on a new
-    /// stream, the response one frame back; there is no retry.
+    /// a joiner that knows only a seed's address). A request of at most 64 KiB travels
+    /// through the connection's session, shared with the other small requests to `to`
+    /// (`session.rs`); a longer one is one frame on a stream of its own, the response one
+    /// frame back. There is no retry.
     pub async fn request(
         &self,
         to: SocketAddr,
@@ -573,17 +602,37 @@ impl Endpoint {
                 });
             }
         };
-        match tokio::time::timeout_at(
-            deadline,
-            exchange(&conn, to, body, self.inner.limits.max_frame_bytes),
-        )
-        .await
-        {
+        let exchanged = async {
+            if body.len() <= SESSION_MAX_REQUEST {
+                self.session(to, &conn).call(body).await
+            } else {
+                exchange(&conn, to, body, self.inner.limits.max_frame_bytes).await
+            }
+        };
+        match tokio::time::timeout_at(deadline, exchanged).await {
             Ok(result) => result,
             Err(_) => Err(RequestError::Timeout {
                 addr: to,
                 after: timeout,
             }),
+        }
+    }
+
+    /// The session of the cached connection `conn` to `to`, opened now if it has none or its
+    /// last one failed. A connection no longer cached (replaced meanwhile) gets a session of
+    /// its own for this one request.
+    fn session(&self, to: SocketAddr, conn: &quinn::Connection) -> Arc<Session> {
+        let inner = &self.inner;
+        let open = || Session::open(conn.clone(), inner.limits.max_frame_bytes, &inner.runtime);
+        let mut peers = inner.lock_peers();
+        match peers.slots.get_mut(&to) {
+            Some(Slot::Ready(ready)) if ready.conn.stable_id() == conn.stable_id() => {
+                match &ready.session {
+                    Some(session) if !session.is_failed() => session.clone(),
+                    _ => ready.session.insert(open()).clone(),
+                }
+            }
+            _ => open(),
         }
     }
 
@@ -863,6 +912,7 @@ impl Inner {
             Slot::Ready(Ready {
                 conn: conn.clone(),
                 node: node.clone(),
+                session: None,
             }),
         );
         drop(peers);
@@ -1186,26 +1236,44 @@ async fn message_task(
         let _ = recv.stop(CODE_BAD_FRAME);
         return;
     };
-    if let Ok(body) = read_incoming_frame(&mut recv, &limits, addr, &counters).await {
+    if let Ok(Opening::Frame(body)) = read_opening(&mut recv, false, &limits, addr, &counters).await
+    {
         // If the node is gone, the message goes with it, as it would have in flight.
         let _ = inbound.send(Inbound::Message { from, addr, body }).await;
     }
 }
 
-/// Reads the one frame of an incoming stream, within the idle timeout. A frame that is too
-/// long, cut short or too slow is refused: counted, logged at debug, the stream stopped, and
-/// the reason's code returned, for a request's response stream to be reset with it. A stream
-/// the peer reset, or a lost connection, has nothing to refuse (`Err(None)`).
-async fn read_incoming_frame(
+/// What an incoming stream starts with.
+enum Opening {
+    /// One whole frame: a message, or a single request.
+    Frame(Bytes),
+    /// [`SESSION_MARKER`]: a session follows (request streams only).
+    Session,
+}
+
+/// Reads the one frame of an incoming stream (or, where `sessions` are allowed, the marker of
+/// a session), within the idle timeout. A frame that is too long, cut short or too slow is
+/// refused: counted, logged at debug, the stream stopped, and the reason's code returned, for
+/// a request's response stream to be reset with it. A stream the peer reset, or a lost
+/// connection, has nothing to refuse (`Err(None)`).
+async fn read_opening(
     recv: &mut quinn::RecvStream,
+    sessions: bool,
     limits: &Limits,
     addr: SocketAddr,
     counters: &Counters,
-) -> Result<Bytes, Option<VarInt>> {
+) -> Result<Opening, Option<VarInt>> {
     let max = limits.max_frame_bytes;
-    let read = tokio::time::timeout(limits.idle_timeout, read_frame(recv, max)).await;
+    let read = tokio::time::timeout(limits.idle_timeout, async {
+        let len = read_len(recv).await?;
+        if sessions && len == SESSION_MARKER {
+            return Ok(Opening::Session);
+        }
+        read_body(recv, len, max).await.map(Opening::Frame)
+    })
+    .await;
     let (code, problem) = match read {
-        Ok(Ok(body)) => return Ok(body),
+        Ok(Ok(opening)) => return Ok(opening),
         Ok(Err(ReadFrameError::TooLarge { len })) => (
             CODE_FRAME_TOO_LARGE,
             format!("frame of {len} bytes exceeds the limit of {max} bytes"),
@@ -1240,8 +1308,13 @@ async fn request_task(
     counters: Arc<Counters>,
     runtime: Handle,
 ) {
-    let body = match read_incoming_frame(&mut recv, &limits, addr, &counters).await {
-        Ok(body) => body,
+    let body = match read_opening(&mut recv, true, &limits, addr, &counters).await {
+        Ok(Opening::Frame(body)) => body,
+        Ok(Opening::Session) => {
+            let refused = || Counters::add(&counters.refused_frames, 1);
+            session::serve(send, recv, from, addr, inbound, limits, refused, runtime).await;
+            return;
+        }
         Err(refused) => {
             if let Some(code) = refused {
                 // Already closed is fine: the peer gave up on the stream itself.
@@ -1251,7 +1324,7 @@ async fn request_task(
         }
     };
     let responder = Responder {
-        send: Some(send),
+        way: Some(Way::Stream(send)),
         max_frame_bytes: limits.max_frame_bytes,
         runtime,
         peer: addr,

@@ -56,9 +56,23 @@ pub(crate) async fn write_frame(send: &mut SendStream, body: Bytes) -> Result<()
 
 /// Reads one frame of at most `max` bytes, checking the length before allocating.
 pub(crate) async fn read_frame(recv: &mut RecvStream, max: u32) -> Result<Bytes, ReadFrameError> {
+    let len = read_len(recv).await?;
+    read_body(recv, len, max).await
+}
+
+/// Reads a frame's length (or whatever else a stream starts with in its place).
+pub(crate) async fn read_len(recv: &mut RecvStream) -> Result<u32, ReadFrameError> {
     let mut header = [0u8; 4];
     recv.read_exact(&mut header).await?;
-    let len = u32::from_le_bytes(header);
+    Ok(u32::from_le_bytes(header))
+}
+
+/// Reads a frame's body of `len` bytes, refusing it unallocated if `len` exceeds `max`.
+pub(crate) async fn read_body(
+    recv: &mut RecvStream,
+    len: u32,
+    max: u32,
+) -> Result<Bytes, ReadFrameError> {
     if len > max {
         return Err(ReadFrameError::TooLarge { len });
     }

@@ -16,8 +16,10 @@
 //! - [`Limits`]: frame size, streams, connections, timeouts.
 //!
 //! Frames on streams are a `u32` little-endian length then that many bytes; the length is
-//! checked against [`Limits::max_frame_bytes`] before anything is allocated. Bytes from a
-//! peer never cause a panic: a bad frame resets its stream and is counted in [`Stats`].
+//! checked against [`Limits::max_frame_bytes`] before anything is allocated. Requests of at
+//! most 64 KiB share one long-lived *session* stream per connection, with ids to match the
+//! answers (`session.rs`); longer ones take a stream each. Bytes from a peer never cause a
+//! panic: a bad frame resets its stream (or ends its session) and is counted in [`Stats`].
 
 mod endpoint;
 mod error;
@@ -25,6 +27,7 @@ mod frame;
 mod identity;
 mod limits;
 pub mod pki;
+mod session;
 
 pub use endpoint::{ALPN, Endpoint, Inbound, Responder, Stats};
 pub use error::{BindError, DatagramError, PkiError, RequestError, RespondError};

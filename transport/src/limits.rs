@@ -11,7 +11,7 @@ use std::time::Duration;
 pub struct Limits {
     /// The largest frame body, in bytes, that is sent or accepted on a stream.
     ///
-    /// Default 4 MiB. A peer announcing a longer frame has its stream reset before anything
+    /// Default 4 MiB, at most 1 GiB. A peer announcing a longer frame has its stream reset before anything
     /// is allocated; sending a longer one fails locally. Raise it only together with the
     /// largest message the node sends (snapshot chunks): every accepted frame is held in
     /// memory whole, up to `2 * max_frame_bytes * max_concurrent_bidi_streams` per connection
@@ -72,9 +72,19 @@ impl Default for Limits {
     }
 }
 
+/// The largest `max_frame_bytes` allowed: 1 GiB. Every frame is held whole in memory, and a
+/// length above it is free to mark a session stream.
+const MAX_FRAME_BYTES_CEILING: u32 = 1 << 30;
+
 impl Limits {
     /// Why these limits cannot be used, if they cannot.
     pub(crate) fn check(&self) -> Result<(), String> {
+        if self.max_frame_bytes > MAX_FRAME_BYTES_CEILING {
+            return Err(format!(
+                "max_frame_bytes ({}) must be at most {MAX_FRAME_BYTES_CEILING} (1 GiB)",
+                self.max_frame_bytes
+            ));
+        }
         if self.idle_timeout.is_zero() {
             return Err("idle_timeout must be longer than zero".to_owned());
         }

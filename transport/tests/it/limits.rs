@@ -49,3 +49,14 @@ async fn inconsistent_limits_are_refused() {
     let error = Endpoint::bind(loopback(), certs.node("n0"), limits).expect_err("refused");
     assert!(matches!(error, BindError::Limits(_)), "{error}");
 }
+
+#[tokio::test]
+async fn a_frame_limit_above_one_gib_is_refused() {
+    let certs = Certs::new();
+    let limits = Limits {
+        max_frame_bytes: (1 << 30) + 1,
+        ..Limits::default()
+    };
+    let error = Endpoint::bind(loopback(), certs.node("n0"), limits).expect_err("refused");
+    assert!(error.to_string().contains("1 GiB"), "{error}");
+}

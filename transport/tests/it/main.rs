@@ -8,3 +8,4 @@ mod messages;
 mod pki;
 mod refusals;
 mod requests;
+mod sessions;
