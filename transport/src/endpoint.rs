@@ -25,6 +25,7 @@ use crate::frame::{
     read_body, read_frame, read_len, write_frame,
 };
 use crate::identity::{NODE_SERVER_NAME, PeerIdentity, identity_of};
+use crate::lane::{LANE_MAX_MESSAGE, Lane};
 use crate::limits::Limits;
 use crate::pki::{ClientTls, NodeTls};
 use crate::session::{self, SESSION_MARKER, SESSION_MAX_REQUEST, Session, SessionWay};
@@ -271,6 +272,8 @@ struct Ready {
     node: NodeId,
     /// The session small requests share, opened at the first one; replaced when it fails.
     session: Option<Arc<Session>>,
+    /// The lane small messages share, opened at the first one; replaced when it fails.
+    lane: Option<Lane>,
 }
 
 impl Ready {
@@ -652,11 +655,28 @@ impl Endpoint {
         timeout: Duration,
     ) -> Result<(), RequestError> {
         self.check_outgoing(&body)?;
+        let small = body.len() <= LANE_MAX_MESSAGE;
+        let body = if small {
+            match self.send_in_lane(to, expected, body) {
+                Ok(()) => return Ok(()),
+                Err(body) => body,
+            }
+        } else {
+            body
+        };
         let endpoint = self.clone();
         let expected = expected.clone();
         self.inner.runtime.spawn(async move {
             let sent = tokio::time::timeout(timeout, async {
                 let conn = endpoint.connection(to, Some(&expected)).await?;
+                if small {
+                    return endpoint.send_in_lane(to, &expected, body).map_err(|_| {
+                        RequestError::Stream {
+                            addr: to,
+                            reason: "the connection was replaced meanwhile".to_owned(),
+                        }
+                    });
+                }
                 let mut send = conn
                     .open_uni()
                     .await
@@ -681,6 +701,36 @@ impl Endpoint {
             Counters::add(&endpoint.inner.counters.dropped_messages, 1);
         });
         Ok(())
+    }
+
+    /// Queues a small message in the lane of the established connection to `expected` at
+    /// `to`, opening the lane if it has none or its last one failed. Gives the body back when
+    /// there is no such connection (yet).
+    fn send_in_lane(&self, to: SocketAddr, expected: &NodeId, body: Bytes) -> Result<(), Bytes> {
+        let inner = &self.inner;
+        let mut peers = inner.lock_peers();
+        let Some(Slot::Ready(ready)) = peers.slots.get_mut(&to) else {
+            return Err(body);
+        };
+        if !ready.is_alive() || ready.node != *expected {
+            return Err(body);
+        }
+        let open = || {
+            let counters = inner.counters.clone();
+            let dropped = move |n| Counters::add(&counters.dropped_messages, n);
+            Lane::open(ready.conn.clone(), &inner.runtime, dropped)
+        };
+        let body = match &ready.lane {
+            Some(lane) if !lane.is_failed() => match lane.send(body) {
+                Ok(()) => return Ok(()),
+                Err(body) => body,
+            },
+            _ => body,
+        };
+        let lane = open();
+        let sent = lane.send(body);
+        ready.lane = Some(lane);
+        sent
     }
 
     /// Refuses a frame longer than [`Limits::max_frame_bytes`], or any frame once the endpoint
@@ -913,6 +963,7 @@ impl Inner {
                 conn: conn.clone(),
                 node: node.clone(),
                 session: None,
+                lane: None,
             }),
         );
         drop(peers);
@@ -1221,7 +1272,8 @@ async fn serve(
     tokio::join!(datagrams, streams, messages);
 }
 
-/// Reads one message frame from a unidirectional stream and hands it to the node.
+/// Reads one message frame from a unidirectional stream, or every frame of a lane
+/// (`lane.rs`), and hands them to the node.
 async fn message_task(
     mut recv: quinn::RecvStream,
     from: PeerIdentity,
@@ -1236,10 +1288,54 @@ async fn message_task(
         let _ = recv.stop(CODE_BAD_FRAME);
         return;
     };
-    if let Ok(Opening::Frame(body)) = read_opening(&mut recv, false, &limits, addr, &counters).await
-    {
-        // If the node is gone, the message goes with it, as it would have in flight.
-        let _ = inbound.send(Inbound::Message { from, addr, body }).await;
+    match read_opening(&mut recv, true, &limits, addr, &counters).await {
+        Ok(Opening::Frame(body)) => {
+            // If the node is gone, the message goes with it, as it would have in flight.
+            let _ = inbound.send(Inbound::Message { from, addr, body }).await;
+        }
+        Ok(Opening::Session) => {
+            // A lane: frames one after another until the sender finishes it. Between two
+            // frames the stream may idle; a frame once begun must arrive whole in time.
+            loop {
+                let len = match read_len(&mut recv).await {
+                    Ok(len) => len,
+                    Err(ReadFrameError::FinishedEarly) => return, // Finished.
+                    Err(error) => {
+                        debug!(peer = %addr, ?error, "message lane ended");
+                        return;
+                    }
+                };
+                let max = limits.max_frame_bytes;
+                let read =
+                    tokio::time::timeout(limits.idle_timeout, read_body(&mut recv, len, max));
+                let body = match read.await {
+                    Ok(Ok(body)) => body,
+                    problem => {
+                        debug!(peer = %addr, len, ?problem, "message lane refused: bad frame");
+                        Counters::add(&counters.refused_frames, 1);
+                        let code = if len > max {
+                            CODE_FRAME_TOO_LARGE
+                        } else {
+                            CODE_BAD_FRAME
+                        };
+                        let _ = recv.stop(code);
+                        return;
+                    }
+                };
+                if inbound
+                    .send(Inbound::Message {
+                        from: from.clone(),
+                        addr,
+                        body,
+                    })
+                    .await
+                    .is_err()
+                {
+                    return; // The node is gone.
+                }
+            }
+        }
+        Err(_) => {}
     }
 }
 
@@ -1247,7 +1343,7 @@ async fn message_task(
 enum Opening {
     /// One whole frame: a message, or a single request.
     Frame(Bytes),
-    /// [`SESSION_MARKER`]: a session follows (request streams only).
+    /// [`SESSION_MARKER`]: a session (request streams) or a lane (message streams) follows.
     Session,
 }
 

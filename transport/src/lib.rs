@@ -25,6 +25,7 @@ mod endpoint;
 mod error;
 mod frame;
 mod identity;
+mod lane;
 mod limits;
 pub mod pki;
 mod session;

@@ -120,6 +120,19 @@ pub(crate) async fn raw_client_connection(certs: &Path, node: SocketAddr) -> qui
         .expect("handshake")
 }
 
+/// A raw quinn connection to a node presenting node `name`'s certificate.
+pub(crate) async fn raw_node_connection(
+    certs: &Path,
+    name: &str,
+    node: SocketAddr,
+) -> quinn::Connection {
+    let raw = raw_client(certs, transport::ALPN, Some((certs, name)));
+    raw.connect(node, transport::NODE_SERVER_NAME)
+        .expect("connect")
+        .await
+        .expect("handshake")
+}
+
 pub(crate) fn raw_client(
     ca_dir: &Path,
     alpn: &[u8],

@@ -89,3 +89,87 @@ async fn a_message_from_the_client_identity_is_dropped() {
         "nothing reaches the node"
     );
 }
+
+/// Waits for the next message at `inbound` and returns its body as text.
+async fn next_message(inbound: &mut tokio::sync::mpsc::Receiver<Inbound>) -> String {
+    match next(inbound).await {
+        Inbound::Message { body, .. } => String::from_utf8(body.to_vec()).expect("utf-8"),
+        other => panic!("expected a message, got {other:?}"),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn small_messages_on_an_established_connection_arrive_in_order() {
+    let certs = Certs::new();
+    let (n0, mut n0_inbound) = certs.bind("n0", Limits::default());
+    let (n1, _n1_inbound) = certs.bind("n1", Limits::default());
+    n1.send_message(n0.local_addr(), &id("n0"), Bytes::from("hello"), PATIENCE)
+        .expect("queued");
+    assert_eq!(next_message(&mut n0_inbound).await, "hello");
+
+    // The connection is up: every small message goes into its lane, one stream, in order.
+    for i in 0..2000 {
+        n1.send_message(
+            n0.local_addr(),
+            &id("n0"),
+            Bytes::from(format!("m{i}")),
+            PATIENCE,
+        )
+        .expect("queued");
+    }
+    for i in 0..2000 {
+        assert_eq!(next_message(&mut n0_inbound).await, format!("m{i}"));
+    }
+    assert_eq!(n1.stats().dropped_messages, 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_long_message_travels_beside_the_lane() {
+    let certs = Certs::new();
+    let (n0, mut n0_inbound) = certs.bind("n0", Limits::default());
+    let (n1, _n1_inbound) = certs.bind("n1", Limits::default());
+    n1.send_message(n0.local_addr(), &id("n0"), Bytes::from("hello"), PATIENCE)
+        .expect("queued");
+    assert_eq!(next_message(&mut n0_inbound).await, "hello");
+
+    let long = "x".repeat(1024 * 1024);
+    n1.send_message(
+        n0.local_addr(),
+        &id("n0"),
+        Bytes::from(long.clone()),
+        PATIENCE,
+    )
+    .expect("queued");
+    n1.send_message(n0.local_addr(), &id("n0"), Bytes::from("short"), PATIENCE)
+        .expect("queued");
+    let mut got = vec![
+        next_message(&mut n0_inbound).await,
+        next_message(&mut n0_inbound).await,
+    ];
+    got.sort_by_key(String::len);
+    assert_eq!(got, ["short".to_owned(), long]);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_bad_frame_in_a_lane_ends_that_lane_and_is_counted() {
+    let certs = Certs::new();
+    let (n0, mut n0_inbound) = certs.bind("n0", Limits::default());
+    let (n1, _n1_inbound) = certs.bind("n1", Limits::default());
+    // n1 is a node: open a lane to n0 by hand, one good frame, then one announcing 4 GiB.
+    let conn = crate::common::raw_node_connection(certs.path(), "n1", n0.local_addr()).await;
+    let mut send = conn.open_uni().await.expect("open");
+    let mut bytes = 0xFFFF_FFFEu32.to_le_bytes().to_vec();
+    bytes.extend_from_slice(&crate::common::frame(b"good"));
+    bytes.extend_from_slice(&u32::MAX.to_le_bytes());
+    send.write_all(&bytes).await.expect("write");
+    assert_eq!(next_message(&mut n0_inbound).await, "good");
+    eventually("the bad frame is counted", || {
+        n0.stats().refused_frames == 1
+    })
+    .await;
+
+    // Messages from n1's own endpoint still arrive.
+    n1.send_message(n0.local_addr(), &id("n0"), Bytes::from("after"), PATIENCE)
+        .expect("queued");
+    assert_eq!(next_message(&mut n0_inbound).await, "after");
+}

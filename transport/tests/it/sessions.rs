@@ -199,7 +199,23 @@ async fn a_session_broken_by_the_peer_is_replaced_by_the_next_request() {
     n0.close();
     n0.wait_idle().await;
     drop((n0, inbound));
-    let again = certs.echo_at("n0", Limits::default(), to);
+    // The old socket is released once its driver task has ended: retry the bind until then.
+    let deadline = tokio::time::Instant::now() + PATIENCE;
+    let again = loop {
+        match Endpoint::bind(to, certs.node("n0"), Limits::default()) {
+            Ok((endpoint, inbound)) => {
+                tokio::spawn(crate::common::echo(inbound));
+                break endpoint;
+            }
+            Err(error) => {
+                assert!(
+                    tokio::time::Instant::now() < deadline,
+                    "never rebound: {error}"
+                );
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        }
+    };
 
     let deadline = tokio::time::Instant::now() + PATIENCE;
     loop {
