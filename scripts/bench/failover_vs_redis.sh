@@ -8,7 +8,7 @@
 # 1000; scripts/bench/redis_failover.sh: time until every survivor flags it failed, until a
 # write to its slot is accepted, and how long writes to another primary's slot failed). Prints
 # both summaries, the machine's load before and after, and the comparison of the medians; the
-# full output goes to scripts/bench/results/failover-vs-redis-DATE[-N].txt.
+# full output goes to scripts/bench/results/failover-vs-redis-DATE-HHMM.txt.
 #
 # usage: scripts/bench/failover_vs_redis.sh [ROUNDS=10]
 #        SLOTRING_BASE_PORT (default 7000) and REDIS_BENCH_PORT (default 7700) move the two
@@ -19,7 +19,7 @@ cd "$(dirname "$0")/../.."
 ROUNDS=${1:-10}
 [[ $ROUNDS =~ ^[0-9]+$ ]] && ((ROUNDS >= 1)) || { echo "usage: $0 [ROUNDS=10]" >&2; exit 2; }
 mkdir -p scripts/bench/results
-OUT=scripts/bench/results/failover-vs-redis-$(date +%F).txt
+OUT=scripts/bench/results/failover-vs-redis-$(date +%F-%H%M).txt
 for ((n = 2; n < 100; n++)); do
     [[ -e $OUT ]] || break
     OUT=scripts/bench/results/failover-vs-redis-$(date +%F)-$n.txt

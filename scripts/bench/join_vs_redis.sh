@@ -18,7 +18,7 @@
 # Keys moved = DBSIZE of the new primary afterwards.
 #
 # Prints keys/s for both and the ratio, and writes everything to
-# scripts/bench/results/join_vs_redis-DATE.txt. Installs redis with apt-get if missing.
+# scripts/bench/results/join_vs_redis-DATE-HHMM.txt. Installs redis with apt-get if missing.
 #
 # usage: scripts/bench/join_vs_redis.sh
 #        KEYS=1000000 RATE=2000 SLOTRING_MAX_MOVES=8 SLOTRING_BASE_PORT=7600 REDIS_BENCH_PORT=7700
@@ -44,7 +44,7 @@ TARGET=${CARGO_TARGET_DIR:-target}
 case $TARGET in /*) ;; *) TARGET=$ROOT/$TARGET ;; esac
 BIN=$TARGET/release/node
 mkdir -p scripts/bench/results
-OUT=scripts/bench/results/join_vs_redis-$(date +%F).txt
+OUT=scripts/bench/results/join_vs_redis-$(date +%F-%H%M).txt
 WORK=$(mktemp -d "${TMPDIR:-/tmp}/join-vs-redis.XXXXXX")
 SLOTRING_UP=
 JOINER_PID=

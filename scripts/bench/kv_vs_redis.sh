@@ -6,7 +6,7 @@
 # GET unpipelined, GET pipelined ×16, SET pipelined ×16, then SET paced at half the SET ×16
 # median (`--rate`, for the p99-at-half-load target) (in that order); each RUNS times for
 # DURATION seconds after one discarded warm-up run. A slotring write is acknowledged once a majority of its
-# shard's 3 replicas have it fsynced (redb Durability::Immediate, group commit); a GET is
+# shard's 3 replicas have it fsynced (write-ahead log, fdatasync, group commit); a GET is
 # linearizable (ReadIndex on the leader).
 #
 # Redis: a Redis Cluster of 3 primaries + 3 replicas on 127.0.0.1:REDIS_BASE.. (Debian's
@@ -19,7 +19,7 @@
 #       followed by WAIT 1 1000 (scripts/bench/redis_wait_bench.py: raw RESP, 50 connections
 #       over 5 processes), DURATION seconds, RUNS times.
 # Each figure is the median of the RUNS runs (each column on its own). Prints a table with the
-# ratios slotring / Redis and writes everything to scripts/bench/results/kv_vs_redis-DATE.txt.
+# ratios slotring / Redis and writes everything to scripts/bench/results/kv_vs_redis-DATE-HHMM.txt.
 # Cleans up what it started (the slotring nodes by the PIDs cluster.sh recorded, the Redis
 # servers by their PIDs), also on failure.
 #
@@ -49,7 +49,7 @@ TARGET=${CARGO_TARGET_DIR:-target}
 case $TARGET in /*) ;; *) TARGET=$ROOT/$TARGET ;; esac
 BIN=$TARGET/release/node
 mkdir -p scripts/bench/results
-OUT=scripts/bench/results/kv_vs_redis-$(date +%F).txt
+OUT=scripts/bench/results/kv_vs_redis-$(date +%F-%H%M).txt
 WORK=$(mktemp -d "${TMPDIR:-/tmp}/kv-vs-redis.XXXXXX")
 SLOTRING_UP=
 
