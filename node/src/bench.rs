@@ -73,6 +73,12 @@ pub(crate) struct BenchArgs {
     /// fast as the loops go.
     #[arg(long, env = "SLOTRING_RATE")]
     pub(crate) rate: Option<f64>,
+    /// Threads the load generator runs on (1 to 64). One, like `redis-benchmark`'s default, is
+    /// usually the fastest: it spares cross-thread wake-ups, and a single thread keeps up with
+    /// a local cluster; more help against a cluster elsewhere.
+    #[arg(long, env = "SLOTRING_BENCH_THREADS", default_value_t = 1,
+          value_parser = clap::value_parser!(u16).range(1..=64))]
+    pub(crate) threads: u16,
     /// `-a`, `-o`, `--certs-dir`, and `--timeout` (seconds per operation, retries included).
     #[command(flatten)]
     pub(crate) query: QueryArgs,

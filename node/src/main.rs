@@ -228,10 +228,18 @@ pub(crate) enum Output {
 fn main() -> ExitCode {
     let cli = Cli::parse();
     // The daemon runs on one thread: its loop owns the core and most work is the loop's, so a
-    // second worker mostly adds cross-thread wake-ups (storage has its own thread). Clients
-    // (`bench` above all) spread over two.
-    let builder = match cli.command {
+    // second worker mostly adds cross-thread wake-ups (storage has its own thread). `bench`
+    // runs on `--threads` (default one, for the same reason); other clients spread over two.
+    let builder = match &cli.command {
         None => tokio::runtime::Builder::new_current_thread(),
+        Some(Command::Bench(args)) if args.threads == 1 => {
+            tokio::runtime::Builder::new_current_thread()
+        }
+        Some(Command::Bench(args)) => {
+            let mut builder = tokio::runtime::Builder::new_multi_thread();
+            builder.worker_threads(usize::from(args.threads));
+            builder
+        }
         Some(_) => {
             let mut builder = tokio::runtime::Builder::new_multi_thread();
             builder.worker_threads(2);
