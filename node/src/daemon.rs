@@ -206,6 +206,7 @@ pub(crate) async fn run(args: DaemonArgs) -> Result<ExitCode> {
         let seed = rand::random::<u64>();
         let mut config = cluster::Config::default();
         config.replica.max_moves = args.max_moves as usize;
+        config.replica.move_bytes_per_sec = u64::from(args.max_move_rate) << 20;
         let mut core = Cluster::new(started.elapsed(), identity, spec, config, seed);
         let held = opened.shards.len();
         core.open_shards(started.elapsed(), opened.shards);

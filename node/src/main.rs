@@ -76,6 +76,10 @@ pub(crate) struct DaemonArgs {
     /// that foreground latency holds during moves.
     #[arg(long, env = "SLOTRING_MAX_MOVES", default_value_t = 8, value_parser = clap::value_parser!(u32).range(1..=65536))]
     pub(crate) max_moves: u32,
+    /// The most MiB of snapshot data per second this node's leaders send for moves, all
+    /// together; 0 (the default) is no limit.
+    #[arg(long, env = "SLOTRING_MAX_MOVE_RATE", default_value_t = 0, value_parser = clap::value_parser!(u32).range(0..=1_048_576))]
+    pub(crate) max_move_rate: u32,
 }
 
 #[derive(Debug, Subcommand)]

@@ -147,6 +147,10 @@ log "slotring shards moved: $shards, theoretical minimum $(((spec_shards * 3 + 3
     "$(awk -v a="$shards" -v m="$(((spec_shards * 3 + 3) / 4))" 'BEGIN { printf "%.3f", a / m }')×"
 log "slotring during the join: paced writer at $RATE/s: write p99 $during_p99 ms" \
     "($(awk -v a="$during_p99" -v b="$idle_p99" 'BEGIN { printf "%.2f", a / b }')× idle), $during_failed failed"
+if ((during_failed > 0)); then
+    log "  failed: $(json_field "$WORK/during.json" \
+        '"unavailable %d, indeterminate %d, other %d; first error: %s" % (d["writes"]["unavailable"], d["writes"]["indeterminate"], d["writes"]["other"], d["first_error"])')"
+fi
 sed 's/^/  /' "$WORK/check.txt" >>"$OUT"
 kill "$JOINER_PID" 2>/dev/null || true
 wait "$JOINER_PID" 2>/dev/null || true

@@ -95,6 +95,11 @@ pub struct ShardHost {
     queued_targets: BTreeMap<u16, Vec<Member>>,
     /// The shards this node leads whose voters are not yet the target they were handed.
     moving: BTreeSet<u16>,
+    /// The snapshot reads held back by `move_bytes_per_sec`, in the order asked.
+    held_reads: VecDeque<(u16, SnapshotRead)>,
+    /// Snapshot bytes the rate limit still allows now (negative: owed), as of `budget_at`.
+    move_budget: i64,
+    budget_at: Duration,
 }
 
 impl ShardHost {
@@ -120,6 +125,9 @@ impl ShardHost {
             given: BTreeMap::new(),
             queued_targets: BTreeMap::new(),
             moving: BTreeSet::new(),
+            held_reads: VecDeque::new(),
+            move_budget: 0,
+            budget_at: Duration::ZERO,
         }
     }
 
@@ -314,6 +322,7 @@ impl ShardHost {
             }
             self.drain(now, shard);
         }
+        self.release_reads(now);
         self.release_queued_targets(now);
     }
 
@@ -378,6 +387,15 @@ impl ShardHost {
 
     /// The answer to a [`SnapshotRead`] of `shard`.
     pub fn handle_snapshot_read(&mut self, now: Duration, shard: u16, reply: SnapshotReadReply) {
+        if let SnapshotReadReply::Chunk { pairs, .. } = &reply
+            && self.config.move_bytes_per_sec > 0
+        {
+            let bytes: usize = pairs.iter().map(|(k, v)| k.len() + v.len()).sum();
+            self.refill(now);
+            self.move_budget = self
+                .move_budget
+                .saturating_sub(i64::try_from(bytes).unwrap_or(i64::MAX));
+        }
         if let Some(replica) = self.replicas.get_mut(&shard) {
             replica.handle_snapshot_read(now, reply);
             self.drain(now, shard);
@@ -385,13 +403,58 @@ impl ShardHost {
         self.release_queued_targets(now);
     }
 
-    /// When [`handle_timeout`](Self::handle_timeout) next has work.
+    /// When [`handle_timeout`](Self::handle_timeout) next has work: a replica's timer, or
+    /// the moment the rate limit lets a held snapshot read go.
     pub fn poll_timeout(&self) -> Option<Duration> {
-        self.deadlines.first().map(|(at, _)| *at)
+        let replica = self.deadlines.first().map(|(at, _)| *at);
+        let read = (!self.held_reads.is_empty()).then(|| {
+            let rate = self.config.move_bytes_per_sec.max(1);
+            // Reads are held only while the budget is at most 0: wait until it is 1 byte.
+            let owed = u64::try_from(1 - self.move_budget.min(0)).unwrap_or(u64::MAX);
+            let nanos = (u128::from(owed) * 1_000_000_000).div_ceil(u128::from(rate));
+            self.budget_at + Duration::from_nanos(u64::try_from(nanos).unwrap_or(u64::MAX))
+        });
+        match (replica, read) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        }
+    }
+
+    /// Adds what the rate limit allowed since `budget_at`, up to a burst of a quarter
+    /// second's worth (at least one chunk).
+    fn refill(&mut self, now: Duration) {
+        let rate = self.config.move_bytes_per_sec;
+        if rate == 0 || now <= self.budget_at {
+            return;
+        }
+        let nanos = (now - self.budget_at).as_nanos();
+        let earned = i64::try_from(u128::from(rate) * nanos / 1_000_000_000).unwrap_or(i64::MAX);
+        let chunk = u64::try_from(self.config.snapshot_chunk_bytes).unwrap_or(u64::MAX);
+        let burst = i64::try_from((rate / 4).max(chunk)).unwrap_or(i64::MAX);
+        self.move_budget = self.move_budget.saturating_add(earned).min(burst);
+        self.budget_at = now;
+    }
+
+    /// Hands the held snapshot reads to the shell while the budget allows: a chunk only with
+    /// budget left, an open or a close as soon as it reaches the head (so each shard's reads
+    /// keep the order asked).
+    fn release_reads(&mut self, now: Duration) {
+        if self.held_reads.is_empty() {
+            return;
+        }
+        self.refill(now);
+        while let Some((_, read)) = self.held_reads.front() {
+            if matches!(read, SnapshotRead::Chunk { .. }) && self.move_budget <= 0 {
+                break;
+            }
+            if let Some(read) = self.held_reads.pop_front() {
+                self.reads.push_back(read);
+            }
+        }
     }
 
     /// Collects one replica's outputs.
-    fn drain(&mut self, _now: Duration, shard: u16) {
+    fn drain(&mut self, now: Duration, shard: u16) {
         let Some(replica) = self.replicas.get_mut(&shard) else {
             return;
         };
@@ -406,7 +469,13 @@ impl ShardHost {
             self.replies.push_back((shard, tag, reply));
         }
         while let Some(read) = replica.poll_snapshot_read() {
-            self.reads.push_back((shard, read));
+            // With a rate limit every read queues behind the held ones: the shell answers in
+            // the order asked.
+            if self.config.move_bytes_per_sec > 0 {
+                self.held_reads.push_back((shard, read));
+            } else {
+                self.reads.push_back((shard, read));
+            }
         }
         // A move ends when the voters are the target; one also starts without a handout when
         // a replica holding its target becomes leader, and it counts from then on.
@@ -443,6 +512,7 @@ impl ShardHost {
             });
             self.queue(after, shard, message.to, message.message);
         }
+        self.release_reads(now);
     }
 
     /// Whether messages tagged `after` may leave: untagged ones at once, the others once

@@ -83,6 +83,15 @@ pub struct ReplicaConfig {
     /// of 757k keys took 19 s, 9 s and 5 s with 4, 8 and 32, while a 2,000 writes/s
     /// foreground p99 went from about 10 ms idle to 41 ms, 170 ms and 762 ms.
     pub max_moves: usize,
+    /// The most snapshot bytes (keys and values) one node's leaders read for their moves per
+    /// second, all moves together (`ShardHost`); 0 is no limit. A chunk is read only while
+    /// the node's budget is positive, and its size is then charged, so the rate holds over
+    /// any second with a burst of at most a quarter second's worth (or one chunk). Catching
+    /// up by `Append`s is not counted. Default 0. On 2 cores running 4 nodes, a join of 757k
+    /// keys with `max_moves` 8 took 12.8 s, 13.1 s and 15.6 s unlimited, at 4 MiB/s and at
+    /// 2 MiB/s per node, while a 2,000 writes/s foreground p99 was 223, 158 and 80 ms
+    /// (BENCHMARKS.md, issue 6).
+    pub move_bytes_per_sec: u64,
 }
 
 impl Default for ReplicaConfig {
@@ -100,6 +109,7 @@ impl Default for ReplicaConfig {
             min_voters: 3,
             idle_heartbeat: Duration::from_secs(1),
             max_moves: 8,
+            move_bytes_per_sec: 0,
         }
     }
 }

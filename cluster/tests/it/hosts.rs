@@ -762,3 +762,99 @@ fn snapshot_frames_stay_under_four_mebibytes() {
     assert!(largest > 2 << 20, "snapshot chunks travelled: {largest}");
     assert!(largest <= 4 << 20, "largest frame {largest} bytes");
 }
+
+/// `move_bytes_per_sec`: a learner's snapshot arrives no faster than the node's rate limit
+/// allows (one burst of a quarter second's worth, or one chunk, then the rate), and it still
+/// arrives whole. Without a limit the same transfer is done far sooner.
+#[test]
+fn snapshot_reads_keep_to_the_move_rate() {
+    let test = "snapshot_reads_keep_to_the_move_rate";
+    // 12.8 kB of keys and values in chunks of about 500 bytes: at 4,000 bytes/s, seconds more
+    // than unlimited (2.0 to 2.3 s more with these seeds: part of the state arrives as log
+    // entries, which the limit does not count).
+    let run = |seed: u64, rate: u64| -> (Duration, Cluster) {
+        let config = ReplicaConfig {
+            compact_after: 8,
+            snapshot_chunk_bytes: 500,
+            move_bytes_per_sec: rate,
+            ..ReplicaConfig::default()
+        };
+        let mut cluster = Cluster::with_config(4, 1, seed, config);
+        cluster.run(Duration::from_secs(1));
+        let leader = cluster.leader_of(0).expect("a leader");
+        for req in 0..200u64 {
+            let op = ClientOp::Put {
+                key: format!("key-{req:04}").into_bytes(),
+                value: vec![req as u8; 56],
+            };
+            cluster.client(leader, 0, tag(1, req), op);
+            cluster.run(Duration::from_millis(1));
+        }
+        cluster.run(Duration::from_millis(300));
+        let mut target: Vec<Member> = vec![member(leader)];
+        target.extend((0..4).filter(|&i| i != leader).map(member));
+        for index in 0..4 {
+            if let Some(host) = cluster.hosts[index].as_mut() {
+                host.handle_target(cluster.now, 0, target.clone());
+            }
+            cluster.pump(index);
+        }
+        let started = cluster.now;
+        for _ in 0..20_000 {
+            cluster.run(Duration::from_millis(1));
+            let leader = cluster.leader_of(0).expect("a leader");
+            let voters = cluster.hosts[leader]
+                .as_ref()
+                .unwrap()
+                .replica(0)
+                .unwrap()
+                .config()
+                .voters
+                .clone();
+            if voters.contains(&member(3)) {
+                return (cluster.now - started, cluster);
+            }
+        }
+        panic!(
+            "seed {seed}, rate {rate}: n3 never promoted; {}",
+            cluster.replay(test)
+        );
+    };
+    for seed in seeds(3) {
+        let (unlimited, _) = run(seed, 0);
+        let (limited, cluster) = run(seed, 4_000);
+        eprintln!("seed {seed}: unlimited {unlimited:?}, at 4,000 bytes/s {limited:?}");
+        assert!(
+            limited >= unlimited + Duration::from_millis(1500),
+            "seed {seed}: 13 kB at 4,000 bytes/s took {limited:?}, unlimited {unlimited:?}; {}",
+            cluster.replay(test)
+        );
+        assert!(
+            limited <= unlimited + Duration::from_secs(6),
+            "seed {seed}: the limit slowed it more than the rate explains: {limited:?}; {}",
+            cluster.replay(test)
+        );
+        let leader = cluster.leader_of(0).expect("a leader");
+        let leader_kv = &cluster.hosts[leader]
+            .as_ref()
+            .unwrap()
+            .replica(0)
+            .unwrap()
+            .durable()
+            .kv;
+        let n3_kv = &cluster.hosts[3]
+            .as_ref()
+            .unwrap()
+            .replica(0)
+            .unwrap()
+            .durable()
+            .kv;
+        assert_eq!(
+            n3_kv,
+            leader_kv,
+            "seed {seed}: whole; {}",
+            cluster.replay(test)
+        );
+        assert_eq!(n3_kv.len(), 200, "seed {seed}");
+    }
+}
