@@ -14,7 +14,7 @@ use topology::{NodeId, TokenRing};
 
 use crate::Error;
 use crate::identity::Identity;
-use crate::replica::{ClientReply, PeerBatch, ReplicaConfig, ShardHost};
+use crate::replica::{ClientReply, MoveChange, PeerBatch, ReplicaConfig, ShardHost};
 use crate::spec::{ClusterSpec, SpecFingerprint};
 use crate::timers::TimerQueue;
 use crate::wire::{
@@ -226,6 +226,23 @@ pub enum Event {
     Draining {
         /// The new generation.
         generation: u64,
+    },
+    /// A shard this node leads started moving: its voters are not placement's target.
+    MoveStarted {
+        /// The shard.
+        shard: u16,
+        /// Target members its config does not hold as voters yet.
+        joining: Vec<NodeId>,
+        /// Voters the target no longer names.
+        leaving: Vec<NodeId>,
+    },
+    /// A shard stopped moving here: `done` when its voters are the target, else this node
+    /// stopped leading it and the next leader carries the move on.
+    MoveEnded {
+        /// The shard.
+        shard: u16,
+        /// Whether the voters are the target.
+        done: bool,
     },
 }
 
@@ -839,7 +856,29 @@ impl Cluster {
 
     /// The next event.
     pub fn poll_event(&mut self) -> Option<Event> {
-        self.events.pop_front()
+        if let Some(event) = self.events.pop_front() {
+            return Some(event);
+        }
+        match self.host.poll_move()? {
+            MoveChange::Started { shard } => {
+                let (joining, leaving) = match (
+                    self.host.replica(shard),
+                    self.table.shard_info(ShardId::new(shard)),
+                ) {
+                    (Some(replica), Ok(info)) => {
+                        let target: Vec<NodeId> = info.replicas().cloned().collect();
+                        config_change(replica.config(), &target)
+                    }
+                    _ => (Vec::new(), Vec::new()),
+                };
+                Some(Event::MoveStarted {
+                    shard,
+                    joining,
+                    leaving,
+                })
+            }
+            MoveChange::Ended { shard, done } => Some(Event::MoveEnded { shard, done }),
+        }
     }
 
     /// This node's current identity.

@@ -889,6 +889,19 @@ impl NodeLoop {
                     let node_id = self.core.identity().node_id.clone();
                     self.data_dir.store_node(&node_id, generation)?;
                 }
+                Event::MoveStarted {
+                    shard,
+                    joining,
+                    leaving,
+                } => {
+                    let joining: Vec<&str> = joining.iter().map(NodeId::as_str).collect();
+                    let leaving: Vec<&str> = leaving.iter().map(NodeId::as_str).collect();
+                    info!(shard, ?joining, ?leaving, "shard move started");
+                }
+                Event::MoveEnded { shard, done: true } => info!(shard, "shard move done"),
+                Event::MoveEnded { shard, done: false } => {
+                    info!(shard, "shard move left to the shard's next leader");
+                }
             }
         }
         Ok(())

@@ -8,7 +8,7 @@
 //! The safety check is [`crate::workload::check_histories`]: per key, each key written by one
 //! writer with increasing values.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::thread;
 use std::time::{Duration, Instant};
 
@@ -491,24 +491,31 @@ fn two_of_three_replicas_stopped_make_only_that_shard_unavailable() {
 }
 
 /// A fourth node joins while writers run: every shard's voters become the four-node target,
-/// `status` then lists no moving shard, and no acknowledged write is lost.
+/// `status` then lists no moving shard, and no acknowledged write is lost. The shards that
+/// moved are exactly those whose target changed (issue 6: "the shards moved equal the diff"):
+/// the leaders' `shard move started` log events during the join name every shard whose
+/// replica set changed, and no other. And no write fails: the client library follows
+/// `moved` answers itself ("client errors only as retried `moved`").
 #[test]
 fn a_fourth_node_joins_during_writes() {
     let mut cluster = Cluster::launch_with("kv-join", 3, FLAGS);
-    wait_configs_match_target(&cluster, SHARDS, CONFIGS_SETTLE_WITHIN);
+    let before = wait_configs_match_target(&cluster, SHARDS, CONFIGS_SETTLE_WITHIN);
     let client = cluster.client();
     let workload = Workload::new(client.len());
+    let mut after = Vec::new();
+    let mut logged_before = Vec::new();
 
     let histories = under_writes(&client, &workload, || {
         workload.wait_progress(WRITERS * 2, RECOVER_WITHIN, "the writers make progress");
+        logged_before = (0..3).map(|index| cluster.log(index).len()).collect();
         let joiner = cluster.add_node("n3", None, FLAGS);
         cluster.start_joining(joiner, 0);
         cluster.wait_answering(joiner);
         cluster.wait_converged(CONVERGE_WITHIN);
-        let configs = wait_configs_match_target(&cluster, SHARDS, CONFIGS_SETTLE_WITHIN);
-        let joined = voter_in(&configs, "n3");
+        after = wait_configs_match_target(&cluster, SHARDS, CONFIGS_SETTLE_WITHIN);
+        let joined = voter_in(&after, "n3");
         eprintln!("n3 is a voter of {joined} of {SHARDS} shards");
-        assert!(joined > 0, "n3 is in no shard's target: {configs:?}");
+        assert!(joined > 0, "n3 is in no shard's target: {after:?}");
         // Every config is its target, so `status` (asking every node) lists no move.
         let status = cluster.query(joiner, &["status"]);
         assert_eq!(status["moving"], serde_json::json!([]), "{status}");
@@ -522,6 +529,60 @@ fn a_fourth_node_joins_during_writes() {
     assert_every_key_acknowledged(&histories);
     // Read through all four nodes, the joiner included.
     check_histories(&cluster.client(), &histories);
+
+    let replica_set = |config: &Config| {
+        let mut set = config.target.clone();
+        set.sort();
+        set
+    };
+    let diff: BTreeSet<u16> = (0..SHARDS)
+        .filter(|&shard| {
+            replica_set(&before[usize::from(shard)]) != replica_set(&after[usize::from(shard)])
+        })
+        .collect();
+    let mut moved = BTreeSet::new();
+    for index in 0..4 {
+        let log = cluster.log(index);
+        let since = logged_before
+            .get(index)
+            .copied()
+            .unwrap_or(0)
+            .min(log.len());
+        moved.extend(moves_started(log.get(since..).unwrap_or_default()));
+    }
+    eprintln!("the join's diff: {diff:?}; moves logged: {moved:?}");
+    assert!(!diff.is_empty(), "a join changes some shard's replica set");
+    assert_eq!(
+        moved, diff,
+        "the shards moved are the diff, all of them and only them"
+    );
+    let failed: Vec<&str> = histories
+        .iter()
+        .flat_map(|history| &history.attempts)
+        .filter_map(|attempt| match &attempt.outcome {
+            Outcome::Ok(_) => None,
+            Outcome::Unavailable(error) | Outcome::Refused(error) | Outcome::Unknown(error) => {
+                Some(error.as_str())
+            }
+        })
+        .collect();
+    // The client library follows `moved` itself: a join costs the writers no error at all.
+    assert!(
+        failed.is_empty(),
+        "writes failed during the join (only retried `moved` is allowed): {failed:?}"
+    );
+}
+
+/// The shards of the `shard move started` events in `log` (a node's log lines).
+fn moves_started(log: &str) -> BTreeSet<u16> {
+    log.lines()
+        .filter(|line| line.contains("shard move started"))
+        .filter_map(|line| {
+            let after = &line[line.find("shard=")? + "shard=".len()..];
+            let digits: String = after.chars().take_while(char::is_ascii_digit).collect();
+            digits.parse().ok()
+        })
+        .collect()
 }
 
 /// Five idle nodes: every shard's voters become its target (learners added and promoted, the

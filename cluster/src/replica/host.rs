@@ -65,6 +65,25 @@ pub struct PeerBatch {
     pub messages: Vec<(u16, Member, Message)>,
 }
 
+/// A move of a shard this node leads (its voters differ from the target it was handed)
+/// starting or ending, for logs and tests.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum MoveChange {
+    /// The shard's voters are no longer its target; the leader works towards it.
+    Started {
+        /// The shard.
+        shard: u16,
+    },
+    /// The shard is no longer moving here: `done` when its voters are the target, else this
+    /// node stopped leading it (a handoff, say) and its next leader carries on.
+    Ended {
+        /// The shard.
+        shard: u16,
+        /// Whether the voters are the target.
+        done: bool,
+    },
+}
+
 /// Every replica on one node.
 ///
 /// Same contract as [`ShardReplica`]: `handle_*(now, ...)` inputs, polled outputs, no IO. At
@@ -95,6 +114,8 @@ pub struct ShardHost {
     queued_targets: BTreeMap<u16, Vec<Member>>,
     /// The shards this node leads whose voters are not yet the target they were handed.
     moving: BTreeSet<u16>,
+    /// Moves of shards led here that started or ended, oldest first ([`ShardHost::poll_move`]).
+    move_changes: VecDeque<MoveChange>,
     /// The snapshot reads held back by `move_bytes_per_sec`, in the order asked.
     held_reads: VecDeque<(u16, SnapshotRead)>,
     /// Snapshot bytes the rate limit still allows now (negative: owed), as of `budget_at`.
@@ -125,6 +146,7 @@ impl ShardHost {
             given: BTreeMap::new(),
             queued_targets: BTreeMap::new(),
             moving: BTreeSet::new(),
+            move_changes: VecDeque::new(),
             held_reads: VecDeque::new(),
             move_budget: 0,
             budget_at: Duration::ZERO,
@@ -234,6 +256,11 @@ impl ShardHost {
         self.give_target(now, shard, target);
     }
 
+    /// The next move of a shard led here that started or ended, oldest first.
+    pub fn poll_move(&mut self) -> Option<MoveChange> {
+        self.move_changes.pop_front()
+    }
+
     /// How many shards this node leads are moving, and how many more wait for their turn.
     pub fn moves(&self) -> (usize, usize) {
         (self.moving.len(), self.queued_targets.len())
@@ -242,8 +269,8 @@ impl ShardHost {
     /// Hands `target` to the replica of `shard`.
     fn give_target(&mut self, now: Duration, shard: u16, target: Vec<Member>) {
         self.queued_targets.remove(&shard);
-        if self.starts_move(shard, &target) {
-            self.moving.insert(shard);
+        if self.starts_move(shard, &target) && self.moving.insert(shard) {
+            self.move_changes.push_back(MoveChange::Started { shard });
         }
         self.given.insert(shard, target.clone());
         if let Some(replica) = self.replicas.get_mut(&shard) {
@@ -484,9 +511,16 @@ impl ShardHost {
             .get(&shard)
             .is_some_and(|target| self.starts_move(shard, target))
         {
-            self.moving.insert(shard);
-        } else {
-            self.moving.remove(&shard);
+            if self.moving.insert(shard) {
+                self.move_changes.push_back(MoveChange::Started { shard });
+            }
+        } else if self.moving.remove(&shard) {
+            let done = self
+                .replicas
+                .get(&shard)
+                .is_some_and(|replica| replica.established_ballot().is_some());
+            self.move_changes
+                .push_back(MoveChange::Ended { shard, done });
         }
         let Some(replica) = self.replicas.get_mut(&shard) else {
             return;

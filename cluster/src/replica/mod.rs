@@ -21,7 +21,7 @@ use core::time::Duration;
 
 use topology::NodeId;
 
-pub use self::host::{FRAME_BUDGET, HostBatchId, HostPersist, PeerBatch, ShardHost};
+pub use self::host::{FRAME_BUDGET, HostBatchId, HostPersist, MoveChange, PeerBatch, ShardHost};
 pub use self::snapshot::{MemoryViews, Pairs, SnapshotRead, SnapshotReadReply, ViewId};
 pub use self::types::{
     Ballot, ClientOp, ClientReply, Config, Entry, Member, Message, NackReason, Op, Pos,
