@@ -556,7 +556,17 @@ fn a_fourth_node_joins_during_writes() {
         moved, diff,
         "the shards moved are the diff, all of them and only them"
     );
-    let failed: Vec<&str> = histories
+    let failed = failed_attempts(&histories);
+    // The client library follows `moved` itself: a join costs the writers no error at all.
+    assert!(
+        failed.is_empty(),
+        "writes failed during the join (only retried `moved` is allowed): {failed:?}"
+    );
+}
+
+/// The error of every write attempt in `histories` that was not acknowledged.
+pub(crate) fn failed_attempts(histories: &[History]) -> Vec<&str> {
+    histories
         .iter()
         .flat_map(|history| &history.attempts)
         .filter_map(|attempt| match &attempt.outcome {
@@ -565,16 +575,11 @@ fn a_fourth_node_joins_during_writes() {
                 Some(error.as_str())
             }
         })
-        .collect();
-    // The client library follows `moved` itself: a join costs the writers no error at all.
-    assert!(
-        failed.is_empty(),
-        "writes failed during the join (only retried `moved` is allowed): {failed:?}"
-    );
+        .collect()
 }
 
 /// The shards of the `shard move started` events in `log` (a node's log lines).
-fn moves_started(log: &str) -> BTreeSet<u16> {
+pub(crate) fn moves_started(log: &str) -> BTreeSet<u16> {
     log.lines()
         .filter(|line| line.contains("shard move started"))
         .filter_map(|line| {
