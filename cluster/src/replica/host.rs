@@ -163,6 +163,11 @@ impl ShardHost {
         self.replicas.get(&shard)
     }
 
+    /// How many replicas this node holds (tombstoned ones included).
+    pub fn replica_count(&self) -> usize {
+        self.replicas.len()
+    }
+
     /// Every replica this node holds.
     pub fn replicas(&self) -> impl Iterator<Item = (u16, &ShardReplica)> {
         self.replicas
