@@ -540,16 +540,7 @@ fn a_fourth_node_joins_during_writes() {
             replica_set(&before[usize::from(shard)]) != replica_set(&after[usize::from(shard)])
         })
         .collect();
-    let mut moved = BTreeSet::new();
-    for index in 0..4 {
-        let log = cluster.log(index);
-        let since = logged_before
-            .get(index)
-            .copied()
-            .unwrap_or(0)
-            .min(log.len());
-        moved.extend(moves_started(log.get(since..).unwrap_or_default()));
-    }
+    let moved = moves_logged_since(&cluster, &logged_before);
     eprintln!("the join's diff: {diff:?}; moves logged: {moved:?}");
     assert!(!diff.is_empty(), "a join changes some shard's replica set");
     assert_eq!(
@@ -578,8 +569,24 @@ pub(crate) fn failed_attempts(histories: &[History]) -> Vec<&str> {
         .collect()
 }
 
+/// The shards of the `shard move started` events every node logged after the first
+/// `logged_before[i]` bytes of node `i`'s log (a node not listed: from its start).
+pub(crate) fn moves_logged_since(cluster: &Cluster, logged_before: &[usize]) -> BTreeSet<u16> {
+    let mut moved = BTreeSet::new();
+    for index in 0..cluster.nodes().len() {
+        let log = cluster.log(index);
+        let since = logged_before
+            .get(index)
+            .copied()
+            .unwrap_or(0)
+            .min(log.len());
+        moved.extend(moves_started(log.get(since..).unwrap_or_default()));
+    }
+    moved
+}
+
 /// The shards of the `shard move started` events in `log` (a node's log lines).
-pub(crate) fn moves_started(log: &str) -> BTreeSet<u16> {
+fn moves_started(log: &str) -> BTreeSet<u16> {
     log.lines()
         .filter(|line| line.contains("shard move started"))
         .filter_map(|line| {

@@ -11,7 +11,7 @@ use serde_json::Value;
 
 use crate::configs::{CONFIGS_SETTLE_WITHIN, voter_in, wait_configs_match_target};
 use crate::harness::{CONVERGE_WITHIN, Cluster, members, wait_until};
-use crate::kv::{WRITERS, failed_attempts, moves_started, under_writes};
+use crate::kv::{WRITERS, failed_attempts, moves_logged_since, under_writes};
 use crate::workload::{
     History, RECOVER_WITHIN, Workload, assert_every_key_acknowledged, check_histories,
 };
@@ -88,16 +88,7 @@ fn a_node_decommissioned_during_writes_hands_over_and_exits_0() {
                 .any(|id| id == "n3")
         })
         .collect();
-    let mut moved = BTreeSet::new();
-    for index in 0..4 {
-        let log = cluster.log(index);
-        let since = logged_before
-            .get(index)
-            .copied()
-            .unwrap_or(0)
-            .min(log.len());
-        moved.extend(moves_started(log.get(since..).unwrap_or_default()));
-    }
+    let moved = moves_logged_since(&cluster, &logged_before);
     eprintln!("n3 held {held:?}; moves logged: {moved:?}");
     assert_eq!(
         moved, held,
