@@ -25,7 +25,7 @@ use crate::frame::{
     read_body, read_frame, read_len, write_frame,
 };
 use crate::identity::{NODE_SERVER_NAME, PeerIdentity, identity_of};
-use crate::lane::{LANE_MAX_MESSAGE, Lane};
+use crate::lane::{self, LANE_MAX_MESSAGE, Lane};
 use crate::limits::Limits;
 use crate::pki::{ClientTls, NodeTls};
 use crate::session::{self, SESSION_MARKER, SESSION_MAX_REQUEST, Session, SessionWay};
@@ -639,14 +639,16 @@ impl Endpoint {
         }
     }
 
-    /// Sends `body` to the node `expected` at `to` as one frame on a unidirectional stream of
-    /// its own, and returns at once: the connecting, the stream and the write run on a task
-    /// of the endpoint's runtime. Nothing comes back, not even an acknowledgement of
-    /// delivery; a failure (no connection within `timeout`, a lost connection, a refused
-    /// stream) is logged at debug and counted in [`Stats::dropped_messages`]. Unlike a
-    /// datagram a message may be as long as [`Limits::max_frame_bytes`] and is retransmitted
-    /// by QUIC until delivered or the connection is lost; unlike a request it costs no
-    /// response. Two messages may arrive in either order.
+    /// Sends `body` to the node `expected` at `to` as one frame and returns at once. A body of
+    /// at most 64 KiB goes into the connection's lane (`lane.rs`: one unidirectional stream
+    /// that small messages share, in order); a longer one gets a unidirectional stream of its
+    /// own. Connecting, opening and writing run on tasks of the endpoint's runtime. Nothing
+    /// comes back, not even an acknowledgement of delivery; a failure (no connection within
+    /// `timeout`, a lost connection, a refused stream or lane) is logged at debug and counted
+    /// in [`Stats::dropped_messages`]. Unlike a datagram a message may be as long as
+    /// [`Limits::max_frame_bytes`] and is retransmitted by QUIC until delivered or the
+    /// connection is lost; unlike a request it costs no response. Two messages may arrive in
+    /// either order (small ones sent while connected arrive in the order sent).
     pub fn send_message(
         &self,
         to: SocketAddr,
@@ -1294,46 +1296,8 @@ async fn message_task(
             let _ = inbound.send(Inbound::Message { from, addr, body }).await;
         }
         Ok(Opening::Session) => {
-            // A lane: frames one after another until the sender finishes it. Between two
-            // frames the stream may idle; a frame once begun must arrive whole in time.
-            loop {
-                let len = match read_len(&mut recv).await {
-                    Ok(len) => len,
-                    Err(ReadFrameError::FinishedEarly) => return, // Finished.
-                    Err(error) => {
-                        debug!(peer = %addr, ?error, "message lane ended");
-                        return;
-                    }
-                };
-                let max = limits.max_frame_bytes;
-                let read =
-                    tokio::time::timeout(limits.idle_timeout, read_body(&mut recv, len, max));
-                let body = match read.await {
-                    Ok(Ok(body)) => body,
-                    problem => {
-                        debug!(peer = %addr, len, ?problem, "message lane refused: bad frame");
-                        Counters::add(&counters.refused_frames, 1);
-                        let code = if len > max {
-                            CODE_FRAME_TOO_LARGE
-                        } else {
-                            CODE_BAD_FRAME
-                        };
-                        let _ = recv.stop(code);
-                        return;
-                    }
-                };
-                if inbound
-                    .send(Inbound::Message {
-                        from: from.clone(),
-                        addr,
-                        body,
-                    })
-                    .await
-                    .is_err()
-                {
-                    return; // The node is gone.
-                }
-            }
+            let refused = || Counters::add(&counters.refused_frames, 1);
+            lane::serve(recv, from, addr, inbound, &limits, refused).await;
         }
         Err(_) => {}
     }

@@ -13,13 +13,18 @@
 //! connection fails, the messages still queued are dropped and counted, as a message lost in
 //! flight would be; the next message opens a new lane.
 
+use std::net::SocketAddr;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use bytes::{Bytes, BytesMut};
 use tokio::sync::mpsc;
+use topology::NodeId;
 use tracing::debug;
 
+use crate::endpoint::Inbound;
+use crate::frame::{CODE_BAD_FRAME, CODE_FRAME_TOO_LARGE, ReadFrameError, read_body, read_len};
+use crate::limits::Limits;
 use crate::session::SESSION_MARKER;
 
 /// The longest message sent through a lane.
@@ -104,4 +109,52 @@ fn push_frame(chunks: &mut Vec<Bytes>, body: Bytes) {
     let len = u32::try_from(body.len()).unwrap_or(u32::MAX);
     chunks.push(BytesMut::from(&len.to_le_bytes()[..]).freeze());
     chunks.push(body);
+}
+
+/// Receives one lane whose marker has been read: hands each frame to the node as a message
+/// from `from`, until the sender finishes the lane. Between two frames the stream may idle; a
+/// frame once begun must arrive whole within the idle timeout. A frame longer than
+/// [`Limits::max_frame_bytes`], cut short or too slow ends the lane (counted by `refused`).
+pub(crate) async fn serve(
+    mut recv: quinn::RecvStream,
+    from: NodeId,
+    addr: SocketAddr,
+    inbound: mpsc::Sender<Inbound>,
+    limits: &Limits,
+    refused: impl Fn(),
+) {
+    let max = limits.max_frame_bytes;
+    loop {
+        let len = match read_len(&mut recv).await {
+            Ok(len) => len,
+            Err(ReadFrameError::FinishedEarly) => return, // Finished.
+            Err(error) => {
+                debug!(peer = %addr, ?error, "message lane ended");
+                return;
+            }
+        };
+        let read = tokio::time::timeout(limits.idle_timeout, read_body(&mut recv, len, max));
+        let body = match read.await {
+            Ok(Ok(body)) => body,
+            problem => {
+                debug!(peer = %addr, len, ?problem, "message lane refused: bad frame");
+                refused();
+                let code = if len > max {
+                    CODE_FRAME_TOO_LARGE
+                } else {
+                    CODE_BAD_FRAME
+                };
+                let _ = recv.stop(code);
+                return;
+            }
+        };
+        let message = Inbound::Message {
+            from: from.clone(),
+            addr,
+            body,
+        };
+        if inbound.send(message).await.is_err() {
+            return; // The node is gone.
+        }
+    }
 }

@@ -547,6 +547,19 @@ fn a_restarted_node_recovers_from_its_disk() {
     }
 }
 
+/// Hands every live host shard 0's target: `leader` first, then the other three of four
+/// nodes, so n3 joins as a learner.
+fn target_all_four(cluster: &mut Cluster, leader: usize) {
+    let mut target: Vec<Member> = vec![member(leader)];
+    target.extend((0..4).filter(|&i| i != leader).map(member));
+    for index in 0..4 {
+        if let Some(host) = cluster.hosts[index].as_mut() {
+            host.handle_target(cluster.now, 0, target.clone());
+        }
+        cluster.pump(index);
+    }
+}
+
 /// Grows shard 0 (on n0 n1 n2) to n3 with a small `compact_after` and small chunks, so n3
 /// gets a snapshot of many chunks, under fsync delay and 1% loss, invariants checked every
 /// millisecond; n3 crashes mid-transfer on odd seeds, and frames are corrupted for a while
@@ -607,14 +620,7 @@ fn a_fourth_replica_joins_through_a_snapshot_with_loss_and_crashes() {
             .pos
             .index;
         assert!(base > 8, "compacted; {}", cluster.replay(test));
-        let mut target: Vec<Member> = vec![member(leader)];
-        target.extend((0..4).filter(|&i| i != leader).map(member));
-        for index in 0..4 {
-            if let Some(host) = cluster.hosts[index].as_mut() {
-                host.handle_target(cluster.now, 0, target.clone());
-            }
-            cluster.pump(index);
-        }
+        target_all_four(&mut cluster, leader);
         if seed % 3 == 0 {
             cluster.tamper = Some(flip_chunk);
         }
@@ -791,14 +797,7 @@ fn snapshot_reads_keep_to_the_move_rate() {
             cluster.run(Duration::from_millis(1));
         }
         cluster.run(Duration::from_millis(300));
-        let mut target: Vec<Member> = vec![member(leader)];
-        target.extend((0..4).filter(|&i| i != leader).map(member));
-        for index in 0..4 {
-            if let Some(host) = cluster.hosts[index].as_mut() {
-                host.handle_target(cluster.now, 0, target.clone());
-            }
-            cluster.pump(index);
-        }
+        target_all_four(&mut cluster, leader);
         let started = cluster.now;
         for _ in 0..20_000 {
             cluster.run(Duration::from_millis(1));

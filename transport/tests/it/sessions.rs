@@ -179,7 +179,7 @@ async fn a_session_record_too_long_stops_that_session_only() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_session_broken_by_the_peer_is_replaced_by_the_next_request() {
+async fn after_a_server_restart_the_next_request_gets_a_new_connection_and_session() {
     let certs = Certs::new();
     let (n0, mut inbound) = certs.bind("n0", Limits::default());
     let client = Endpoint::client(certs.client(), Limits::default()).expect("client");
