@@ -16,6 +16,7 @@ use tracing::{Instrument, debug, info, warn};
 use transport::{Endpoint, Inbound, Limits, NodeTls, PeerIdentity, RequestError};
 
 use crate::DaemonArgs;
+use crate::clock::BootClock;
 use crate::datadir::DataDir;
 use crate::store::{SnapshotReader, Store, StoreHandle, StoreWorker};
 
@@ -129,6 +130,7 @@ pub(crate) async fn run(args: DaemonArgs) -> Result<ExitCode> {
             flags.check(spec, "the spec stored in the data dir")?;
         }
         let started = Instant::now();
+        let clock = BootClock::start();
         let saved_peers = data_dir.peers()?;
         let rejoin = if args.join.is_empty() && stored_spec.is_some() && !saved_peers.is_empty() {
             // A restart without --join: try the peers this node last saw, briefly; if none
@@ -207,16 +209,20 @@ pub(crate) async fn run(args: DaemonArgs) -> Result<ExitCode> {
         let mut config = cluster::Config::default();
         config.replica.max_moves = args.max_moves as usize;
         config.replica.move_bytes_per_sec = u64::from(args.max_move_rate) << 20;
-        let mut core = Cluster::new(started.elapsed(), identity, spec, config, seed);
+        config.replica.lease_reads = args.danger_lease_reads;
+        if args.danger_lease_reads {
+            warn!("lease reads on: reads are linearizable only while clocks keep rates within 1% of each other");
+        }
+        let mut core = Cluster::new(clock.now(), identity, spec, config, seed);
         let held = opened.shards.len();
-        core.open_shards(started.elapsed(), opened.shards);
+        core.open_shards(clock.now(), opened.shards);
         if bootstrapping {
-            core.bootstrap_shards(started.elapsed());
+            core.bootstrap_shards(clock.now());
         }
         info!(held, bootstrapping, "shards opened");
         let store = StoreWorker::spawn(opened.store)?;
         let views = store.snapshot_reader()?;
-        let mut node = NodeLoop::new(core, endpoint, started, data_dir, store, views);
+        let mut node = NodeLoop::new(core, endpoint, clock, data_dir, store, views);
         if !welcome.is_empty() {
             node.core.join(node.now(), welcome);
         }
@@ -431,7 +437,8 @@ async fn join(
 struct NodeLoop {
     core: Cluster,
     endpoint: Endpoint,
-    started: Instant,
+    /// The core's clock.
+    clock: BootClock,
     data_dir: DataDir,
     answers_tx: mpsc::UnboundedSender<(RequestId, Result<Response, String>)>,
     answers_rx: mpsc::UnboundedReceiver<(RequestId, Result<Response, String>)>,
@@ -473,7 +480,7 @@ impl NodeLoop {
     fn new(
         core: Cluster,
         endpoint: Endpoint,
-        started: Instant,
+        clock: BootClock,
         data_dir: DataDir,
         store: StoreHandle,
         views: SnapshotReader,
@@ -484,7 +491,7 @@ impl NodeLoop {
         NodeLoop {
             core,
             endpoint,
-            started,
+            clock,
             data_dir,
             answers_tx,
             answers_rx,
@@ -579,7 +586,7 @@ impl NodeLoop {
     }
 
     fn now(&self) -> Duration {
-        self.started.elapsed()
+        self.clock.now()
     }
 
     async fn run(mut self, mut inbound: mpsc::Receiver<Inbound>) -> Result<ExitCode> {
@@ -599,7 +606,7 @@ impl NodeLoop {
                 .core
                 .poll_timeout()
                 .map_or(self.now() + Duration::from_secs(1), |at| at);
-            let sleep = tokio::time::sleep_until((self.started + wake).into());
+            let sleep = tokio::time::sleep_until(self.clock.deadline(wake));
             tokio::select! {
                 biased;
                 _ = terminate.recv() => break,

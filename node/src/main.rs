@@ -7,6 +7,7 @@
 mod bench;
 mod cli;
 mod client;
+mod clock;
 mod daemon;
 mod datadir;
 mod moves;
@@ -80,6 +81,11 @@ pub(crate) struct DaemonArgs {
     /// together; 0 (the default) is no limit.
     #[arg(long, env = "SLOTRING_MAX_MOVE_RATE", default_value_t = 0, value_parser = clap::value_parser!(u32).range(0..=1_048_576))]
     pub(crate) max_move_rate: u32,
+    /// Answer reads under leases (PROTOCOL.md R9) instead of a heartbeat round each: a GET
+    /// costs no network round, but is linearizable only while the nodes' clocks run at rates
+    /// within 1% of each other; failover waits for the dead leader's lease (t_elect) too.
+    #[arg(long, env = "SLOTRING_DANGER_LEASE_READS")]
+    pub(crate) danger_lease_reads: bool,
 }
 
 #[derive(Debug, Subcommand)]

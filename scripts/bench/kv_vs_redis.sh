@@ -7,7 +7,9 @@
 # median (`--rate`, for the p99-at-half-load target) (in that order); each RUNS times for
 # DURATION seconds after one discarded warm-up run. A slotring write is acknowledged once a majority of its
 # shard's 3 replicas have it fsynced (write-ahead log, fdatasync, group commit); a GET is
-# linearizable (ReadIndex on the leader).
+# linearizable (ReadIndex on the leader). Then a fresh cluster with `--danger-lease-reads`
+# (PROTOCOL.md R9): GET unpipelined and ×16 again, answered under the leader's lease
+# (linearizable while the nodes' clocks keep rates within 1%).
 #
 # Redis: a Redis Cluster of 3 primaries + 3 replicas on 127.0.0.1:REDIS_BASE.. (Debian's
 # redis-server, installed with apt-get if missing), measured the same way:
@@ -151,6 +153,19 @@ log "load after slotring: $(cut -d' ' -f1-3 /proc/loadavg)"
 scripts/cluster.sh down --purge >/dev/null 2>&1
 SLOTRING_UP=
 
+# The same cluster with R9's opt-in leases (`--danger-lease-reads`): GETs only (writes do not
+# change).
+SLOTRING_DANGER_LEASE_READS=true SLOTRING_NODE_BIN=$BIN SLOTRING_BASE_PORT=$SL_BASE \
+    scripts/cluster.sh up 3 >"$WORK/up.log" 2>&1 &
+up_pid=$!
+SLOTRING_UP=1
+wait "$up_pid" || { cat "$WORK/up.log" >&2; exit 1; }
+log "== slotring with --danger-lease-reads"
+sl_bench get_p1_lease --read-ratio 1 --pipeline 1
+sl_bench get_p16_lease --read-ratio 1 --pipeline 16 --threads 2
+scripts/cluster.sh down --purge >/dev/null 2>&1
+SLOTRING_UP=
+
 # ------------------------------------------------------------------------------------------
 # Redis Cluster
 
@@ -219,6 +234,8 @@ log "load at end: $(cut -d' ' -f1-3 /proc/loadavg)"
     row "SET -P 16, redis defaults" set_p16 set_p16
     row "GET, redis defaults" get_p1 get_p1
     row "GET -P 16, redis defaults" get_p16 get_p16
+    row "GET, leases, redis defaults" get_p1_lease get_p1
+    row "GET -P 16, leases, redis defaults" get_p16_lease get_p16
     row "SET, equal durability (WAIT 1)" set_p1 set_wait
     row "SET -P 16 vs redis WAIT 1" set_p16 set_wait
     row "SET at half max (paced) vs WAIT 1" set_half set_wait

@@ -17,6 +17,7 @@ mod convergence;
 mod failures;
 mod harness;
 mod kv;
+mod leases;
 mod moves;
 mod netns;
 mod partition;

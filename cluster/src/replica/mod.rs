@@ -92,6 +92,14 @@ pub struct ReplicaConfig {
     /// 2 MiB/s per node, while a 2,000 writes/s foreground p99 was 223, 158 and 80 ms
     /// (BENCHMARKS.md, issue 6).
     pub move_bytes_per_sec: u64,
+    /// R9's opt-in leases (`--danger-lease-reads`): a leader answers a read from its own state,
+    /// without a heartbeat round, while a majority acknowledged one of its rounds less than
+    /// `t_elect·(1−ρ)` ago (ρ = 1%, the clock drift allowed), and followers promise no other
+    /// ballot for `t_elect` after each acknowledgement and after a restart. Linearizable only
+    /// while clocks advance at rates within ρ of each other and the shell's clock keeps counting
+    /// through a suspend (the node feeds `CLOCK_BOOTTIME`); a GET costs no network round then.
+    /// Failover after SWIM's verdict waits for the dead leader's lease too. Default off.
+    pub lease_reads: bool,
 }
 
 impl Default for ReplicaConfig {
@@ -110,6 +118,7 @@ impl Default for ReplicaConfig {
             idle_heartbeat: Duration::from_secs(1),
             max_moves: 8,
             move_bytes_per_sec: 0,
+            lease_reads: false,
         }
     }
 }
@@ -414,6 +423,15 @@ pub struct Leader {
     last_activity: Duration,
     /// Snapshot transfers in progress (R6), per member.
     snapshots: BTreeMap<NodeId, SnapshotSend>,
+    /// When each heartbeat sequence number was taken, oldest first, back to the oldest that
+    /// could still hold a lease (R9): an acknowledgement of `hb_seq = s` answers a message
+    /// sent at or after `s`'s time.
+    seq_times: VecDeque<(u64, Duration)>,
+    /// The newest round each follower that keeps lease promises acknowledged (R9).
+    lease_acked: BTreeMap<NodeId, u64>,
+    /// A handoff was started during this ballot: its target may lead at any moment (voters
+    /// promise it at once), so no lease holds for the rest of the ballot.
+    lease_forfeited: bool,
 }
 
 /// A received `Snapshot` chunk, unpacked.
@@ -545,6 +563,10 @@ const UNDECIDED_FOR: Duration = Duration::from_secs(2);
 /// How long a leader waits between two handoffs to the placement target (R3).
 const T_STABLE: Duration = Duration::from_secs(10);
 
+/// R9's ρ as a fraction `1 / LEASE_DRIFT_DIVISOR`: how much faster a leader's clock may run
+/// than a follower's. A lease lasts `t_elect·(1−ρ)` from the round that renewed it.
+const LEASE_DRIFT_DIVISOR: u32 = 100;
+
 /// Switches that break the protocol on purpose, so the model checker can prove it catches
 /// each break (PROTOCOL.md's mutation table). All off in real use.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
@@ -591,6 +613,9 @@ pub struct ShardReplica {
     /// The leader said it is idle (its heartbeats are slow).
     leader_idle: bool,
     last_heard: Option<Duration>,
+    /// With leases (R9): a restarted replica that had promised may have acknowledged a round
+    /// it no longer remembers, so it promises no other ballot before this instant.
+    restart_bound: Option<Duration>,
     highest_seen: u64,
     dead: BTreeSet<NodeId>,
     election_at: Option<Duration>,
@@ -651,6 +676,7 @@ impl ShardReplica {
             leader_hint: None,
             leader_idle: false,
             last_heard: None,
+            restart_bound: None,
             highest_seen: 0,
             dead: BTreeSet::new(),
             election_at: None,
@@ -676,6 +702,9 @@ impl ShardReplica {
         };
         replica.commit = replica.durable.applied;
         replica.config_at = last_config_index(&replica.durable);
+        if replica.config.lease_reads && replica.durable.promised.is_some() {
+            replica.restart_bound = Some(now + replica.config.t_elect);
+        }
         replica.arm_election(now);
         replica
     }
@@ -905,21 +934,25 @@ impl ShardReplica {
         match op {
             ClientOp::Get { key } => {
                 self.wake(now);
-                let Role::Leader(leader) = &mut self.role else {
-                    unreachable!("checked above")
-                };
                 if self.mutations.read_without_round {
                     let value = self.durable.kv.get(&key).cloned();
                     self.replies.push_back((tag, ClientReply::Ok { value }));
                     return;
                 }
-                leader.reads.push(PendingRead {
-                    tag,
-                    key,
-                    read_index: self.commit,
-                    round: 0,
-                });
-                leader.round_wanted = true;
+                // R9: under a lease the state is read first, and the lease checked at the
+                // same instant.
+                if self.holds_lease(now) && self.durable.applied >= self.commit {
+                    let value = self.durable.kv.get(&key).cloned();
+                    self.replies.push_back((tag, ClientReply::Ok { value }));
+                } else if let Role::Leader(leader) = &mut self.role {
+                    leader.reads.push(PendingRead {
+                        tag,
+                        key,
+                        read_index: self.commit,
+                        round: 0,
+                    });
+                    leader.round_wanted = true;
+                }
             }
             ClientOp::Put { key, value } => self.append_write(now, tag, Op::Put { key, value }),
             ClientOp::Del { key } => self.append_write(now, tag, Op::Del { key }),
@@ -1047,8 +1080,13 @@ impl ShardReplica {
                 self.leader_idle = idle;
                 self.on_append(now, from, b, prev, entries, commit, hb_seq);
             }
-            Message::AppendOk { b, matched, hb_seq } => {
-                self.on_append_ok(now, from, b, matched, hb_seq);
+            Message::AppendOk {
+                b,
+                matched,
+                hb_seq,
+                lease,
+            } => {
+                self.on_append_ok(now, from, b, matched, hb_seq, lease);
             }
             Message::AppendNack { b, reason } => self.on_append_nack(now, from, b, reason),
             Message::TimeoutNow { b } => {
@@ -1140,6 +1178,11 @@ impl ShardReplica {
             self.send(from, Message::Reject { b, reason }, false);
             return;
         }
+        if self.lease_binds(now, handoff_from.as_ref()) {
+            // A restarted replica that does not know its leader: the candidate retries.
+            tracing::debug!(shard = self.shard, b = %b.n, "prepare refused: a lease may hold");
+            return;
+        }
         let mine = self.durable.last();
         let more_up_to_date = if self.mutations.compare_logs_by_length {
             mine.index > last.index
@@ -1181,6 +1224,26 @@ impl ShardReplica {
                     .flatten()
             }
         }
+    }
+
+    /// With leases (R9): the instant before which this replica promises no other ballot, as
+    /// it may have acknowledged a round of the ballot it promised (`t_elect` after it last
+    /// heard its leader, or after a restart).
+    fn lease_bound(&self) -> Option<Duration> {
+        if !self.config.lease_reads {
+            return None;
+        }
+        let heard = self.last_heard.map(|at| at + self.config.t_elect);
+        heard.max(self.restart_bound)
+    }
+
+    /// Whether a lease this replica may have granted forbids promising a ballot at `now`. A
+    /// handoff from the ballot it promised is allowed: that leader gave up its lease when it
+    /// started the handoff.
+    fn lease_binds(&self, now: Duration, handoff_from: Option<&Ballot>) -> bool {
+        let handoff_of_mine =
+            handoff_from.is_some() && handoff_from == self.durable.promised.as_ref();
+        self.lease_bound().is_some_and(|bound| now < bound) && !handoff_of_mine
     }
 
     fn promise(&mut self, b: Ballot) {
@@ -1236,7 +1299,9 @@ impl ShardReplica {
         } else {
             self.config.t_elect
         };
-        self.election_at = self.ranked_election(from + wait);
+        // A lease this replica granted outlasts SWIM's verdict.
+        let earliest = (from + wait).max(self.lease_bound().unwrap_or_default());
+        self.election_at = self.ranked_election(earliest);
     }
 
     /// When this replica stands if nobody is heard from before `earliest`: `earliest` plus
@@ -1250,6 +1315,12 @@ impl ShardReplica {
     fn stand(&mut self, now: Duration, handoff_from: Option<Ballot>) {
         if self.rank().is_none() {
             self.election_at = None;
+            return;
+        }
+        if self.lease_binds(now, handoff_from.as_ref()) {
+            // Promising itself would break a lease this replica may have granted.
+            let bound = self.lease_bound().unwrap_or(now);
+            self.election_at = self.ranked_election(bound);
             return;
         }
         let promised_n = self.durable.promised.as_ref().map_or(0, |b| b.n);
@@ -1459,6 +1530,9 @@ impl ShardReplica {
             fresh_from: BTreeMap::new(),
             last_activity: now,
             snapshots: BTreeMap::new(),
+            seq_times: VecDeque::new(),
+            lease_acked: BTreeMap::new(),
+            lease_forfeited: false,
         };
         for voter in voters.iter().filter(|v| v.node != self.me.node) {
             leader
@@ -1579,10 +1653,25 @@ impl ShardReplica {
             self.commit = new_commit;
             self.apply_committed();
         }
-        self.send(from, Message::AppendOk { b, matched, hb_seq }, true);
+        let lease = self.config.lease_reads;
+        let ok = Message::AppendOk {
+            b,
+            matched,
+            hb_seq,
+            lease,
+        };
+        self.send(from, ok, true);
     }
 
-    fn on_append_ok(&mut self, now: Duration, from: Member, b: Ballot, matched: u64, hb_seq: u64) {
+    fn on_append_ok(
+        &mut self,
+        now: Duration,
+        from: Member,
+        b: Ballot,
+        matched: u64,
+        hb_seq: u64,
+        lease: bool,
+    ) {
         let Role::Leader(leader) = &mut self.role else {
             return;
         };
@@ -1614,6 +1703,10 @@ impl ShardReplica {
         *next = (*next).max(matched + 1);
         let acked = leader.hb_acked.entry(node.clone()).or_insert(0);
         *acked = (*acked).max(hb_seq);
+        if lease && self.config.lease_reads {
+            let granted = leader.lease_acked.entry(node.clone()).or_insert(0);
+            *granted = (*granted).max(hb_seq);
+        }
         leader.last_ack.insert(node, now);
         self.advance_commit(now);
         self.serve_reads();
@@ -2354,6 +2447,7 @@ impl ShardReplica {
                     deadline,
                     sent: false,
                 });
+                leader.lease_forfeited = self.config.lease_reads;
             }
             self.progress_transfer(now);
             return;
@@ -2388,10 +2482,14 @@ impl ShardReplica {
                 // Acknowledgements still in flight from its previous membership (same ballot)
                 // must not count: only those of rounds after this one do.
                 leader.hb_seq += 1;
+                if self.config.lease_reads {
+                    leader.seq_times.push_back((leader.hb_seq, now));
+                }
                 leader.fresh_from.insert(added.node.clone(), leader.hb_seq);
                 leader.matched.remove(&added.node);
                 leader.next.remove(&added.node);
                 leader.hb_acked.remove(&added.node);
+                leader.lease_acked.remove(&added.node);
                 leader.last_ack.remove(&added.node);
                 leader.removing.remove(&added.node);
             }
@@ -2543,6 +2641,46 @@ impl ShardReplica {
         }
     }
 
+    /// R9's lease: an established leader that has not started a handoff this ballot, a
+    /// majority of whose voters (itself included) acknowledged a message sent less than
+    /// `t_elect·(1−ρ)` ago, each of them keeping lease promises. Those voters promise no other ballot for `t_elect` after they
+    /// received it, so no other leader can exist yet.
+    fn holds_lease(&self, now: Duration) -> bool {
+        let Role::Leader(leader) = &self.role else {
+            return false;
+        };
+        if !self.config.lease_reads || !leader.established || leader.lease_forfeited {
+            return false;
+        }
+        let config = active(&self.durable, self.config_at);
+        let mut acked: Vec<u64> = config
+            .voters
+            .iter()
+            .filter(|voter| voter.node != self.me.node)
+            .map(|voter| leader.lease_acked.get(&voter.node).copied().unwrap_or(0))
+            .collect();
+        let counts_itself = usize::from(config.voters.iter().any(|v| v.node == self.me.node));
+        let Some(needed) = config.majority().checked_sub(counts_itself) else {
+            return true;
+        };
+        if needed == 0 {
+            return true; // The only voter.
+        }
+        acked.sort_unstable_by(|a, b| b.cmp(a));
+        let Some(&seq) = acked.get(needed - 1) else {
+            return false;
+        };
+        // The newest sequence number taken at or before `seq` (older ones were dropped only
+        // once too old to hold a lease).
+        let taken = leader.seq_times.partition_point(|(s, _)| *s <= seq);
+        let Some(taken) = taken.checked_sub(1) else {
+            return false;
+        };
+        let (_, sent) = leader.seq_times[taken];
+        let lease_span = self.config.t_elect - self.config.t_elect / LEASE_DRIFT_DIVISOR;
+        now < sent + lease_span
+    }
+
     // ---- R11: heartbeats and check-quorum ----
 
     fn heartbeat(&mut self, now: Duration) {
@@ -2582,6 +2720,17 @@ impl ShardReplica {
         }
         leader.hb_seq += 1;
         let round = leader.hb_seq;
+        if self.config.lease_reads {
+            leader.seq_times.push_back((round, now));
+            let lease_span = self.config.t_elect - self.config.t_elect / LEASE_DRIFT_DIVISOR;
+            while leader
+                .seq_times
+                .get(1)
+                .is_some_and(|(_, at)| *at + lease_span <= now)
+            {
+                leader.seq_times.pop_front();
+            }
+        }
         for read in leader.reads.iter_mut().filter(|read| read.round == 0) {
             read.round = round;
         }

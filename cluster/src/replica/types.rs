@@ -224,6 +224,9 @@ pub enum Message {
         matched: u64,
         /// The round acknowledged.
         hb_seq: u64,
+        /// The follower keeps R9's lease promise (it runs with leases): only such
+        /// acknowledgements give the leader a lease.
+        lease: bool,
     },
     /// The follower refused an `Append`.
     AppendNack {

@@ -1,7 +1,7 @@
 //! Shard replicas on a deterministic in-memory network: elections, replication, failover,
 //! reads. Persistence completes at once; messages are delivered in seeded random order.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
 use cluster::replica::{
@@ -13,7 +13,7 @@ use rand::{RngExt, SeedableRng};
 
 use crate::net::{name, seeds};
 
-fn member(index: usize) -> Member {
+pub(crate) fn member(index: usize) -> Member {
     Member {
         node: name(index),
         storage: StorageId(100 + index as u128),
@@ -39,6 +39,8 @@ pub(crate) struct Group {
     /// Messages to this replica are delivered only every this many milliseconds (a slow but
     /// live follower).
     pub(crate) slow: Option<(usize, u64)>,
+    /// Pairs of replicas whose messages to each other are lost (clients still reach both).
+    pub(crate) cut: BTreeSet<(usize, usize)>,
 }
 
 impl Group {
@@ -100,6 +102,7 @@ impl Group {
             views: vec![MemoryViews::default(); size + spares],
             tamper: None,
             slow: None,
+            cut: BTreeSet::new(),
         }
     }
 
@@ -141,6 +144,17 @@ impl Group {
         self.views[i] = MemoryViews::default();
     }
 
+    /// Cuts replica `i` off from every other one, including the messages in flight.
+    pub(crate) fn cut_off(&mut self, i: usize) {
+        for other in 0..self.replicas.len() {
+            self.cut.insert((i, other));
+        }
+        self.lose_messages_from(i);
+        let node = member(i).node;
+        self.flights
+            .retain(|(_, outgoing)| outgoing.to.node != node);
+    }
+
     /// Drops every message replica `i` sent that is still in flight (cut off before they left).
     pub(crate) fn lose_messages_from(&mut self, i: usize) {
         let node = member(i).node;
@@ -148,12 +162,17 @@ impl Group {
     }
 
     pub(crate) fn restart(&mut self, i: usize) {
+        self.restart_with(i, self.config.clone());
+    }
+
+    /// Restarts replica `i` with other knobs.
+    pub(crate) fn restart_with(&mut self, i: usize, config: ReplicaConfig) {
         self.replicas[i] = Some(ShardReplica::new(
             self.now,
             42,
             member(i),
             self.saved[i].clone(),
-            self.config.clone(),
+            config,
             self.seed * 77 + i as u64,
         ));
     }
@@ -182,6 +201,12 @@ impl Group {
                     && !ms.is_multiple_of(every)
                 {
                     self.flights.push((from, outgoing));
+                    continue;
+                }
+                let sender = (0..self.replicas.len()).find(|&i| member(i).node == from.node);
+                if let (Some(a), Some(b)) = (sender, to)
+                    && (self.cut.contains(&(a, b)) || self.cut.contains(&(b, a)))
+                {
                     continue;
                 }
                 if let Some(tamper) = self.tamper {
@@ -224,7 +249,7 @@ impl Group {
     }
 }
 
-fn tag(req: u64) -> RequestTag {
+pub(crate) fn tag(req: u64) -> RequestTag {
     RequestTag {
         client: 1,
         req,
