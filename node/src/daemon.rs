@@ -210,6 +210,8 @@ pub(crate) async fn run(args: DaemonArgs) -> Result<ExitCode> {
         config.replica.max_moves = args.max_moves as usize;
         config.replica.move_bytes_per_sec = u64::from(args.max_move_rate) << 20;
         config.replica.lease_reads = args.danger_lease_reads;
+        // With or without leases: this node may have run with them before this start.
+        config.replica.restart_silence = config.replica.t_elect;
         if args.danger_lease_reads {
             warn!("lease reads on: reads are linearizable only while clocks keep rates within 1% of each other");
         }

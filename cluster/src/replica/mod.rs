@@ -7,7 +7,9 @@
 //! shell reads off the disk (`snapshot.rs`), streamed in digest-checked chunks and installed in
 //! one change.
 //!
-//! What it does not do (yet): leases, `(client, req)` deduplication, R6's write throttle when a
+//! Reads use ReadIndex, or R9's leases where `ReplicaConfig::lease_reads` says so.
+//!
+//! What it does not do (yet): `(client, req)` deduplication, R6's write throttle when a
 //! learner never catches up, and giving up on a learner after `T_catchup`.
 
 mod bytes;
@@ -100,6 +102,13 @@ pub struct ReplicaConfig {
     /// through a suspend (the node feeds `CLOCK_BOOTTIME`); a GET costs no network round then.
     /// Failover after SWIM's verdict waits for the dead leader's lease too. Default off.
     pub lease_reads: bool,
+    /// How long a restarted replica that had promised a ballot promises no other, to a
+    /// candidate or to itself (handoffs of the promised ballot excepted): before the restart it
+    /// may have acknowledged a round that gave its leader a lease (R9), and it no longer knows
+    /// when. With `lease_reads` it is at least `t_elect`. The node sets `t_elect` with or
+    /// without leases, so a node restarted with leases turned off still keeps the promise it
+    /// may have made. Default zero.
+    pub restart_silence: Duration,
 }
 
 impl Default for ReplicaConfig {
@@ -119,6 +128,7 @@ impl Default for ReplicaConfig {
             max_moves: 8,
             move_bytes_per_sec: 0,
             lease_reads: false,
+            restart_silence: Duration::ZERO,
         }
     }
 }
@@ -429,8 +439,9 @@ pub struct Leader {
     seq_times: VecDeque<(u64, Duration)>,
     /// The newest round each follower that keeps lease promises acknowledged (R9).
     lease_acked: BTreeMap<NodeId, u64>,
-    /// A handoff was started during this ballot: its target may lead at any moment (voters
-    /// promise it at once), so no lease holds for the rest of the ballot.
+    /// This ballot's leader told a handoff target to stand: the target may lead at any moment
+    /// (voters promise it at once), so no lease holds for the rest of the ballot, even if the
+    /// handoff times out.
     lease_forfeited: bool,
 }
 
@@ -613,8 +624,9 @@ pub struct ShardReplica {
     /// The leader said it is idle (its heartbeats are slow).
     leader_idle: bool,
     last_heard: Option<Duration>,
-    /// With leases (R9): a restarted replica that had promised may have acknowledged a round
-    /// it no longer remembers, so it promises no other ballot before this instant.
+    /// A restarted replica that had promised may have acknowledged a round (R9) it no longer
+    /// remembers, so it promises no other ballot before this instant
+    /// (`ReplicaConfig::restart_silence`).
     restart_bound: Option<Duration>,
     highest_seen: u64,
     dead: BTreeSet<NodeId>,
@@ -702,8 +714,12 @@ impl ShardReplica {
         };
         replica.commit = replica.durable.applied;
         replica.config_at = last_config_index(&replica.durable);
-        if replica.config.lease_reads && replica.durable.promised.is_some() {
-            replica.restart_bound = Some(now + replica.config.t_elect);
+        let mut silence = replica.config.restart_silence;
+        if replica.config.lease_reads {
+            silence = silence.max(replica.config.t_elect);
+        }
+        if !silence.is_zero() && replica.durable.promised.is_some() {
+            replica.restart_bound = Some(now + silence);
         }
         replica.arm_election(now);
         replica
@@ -1226,14 +1242,14 @@ impl ShardReplica {
         }
     }
 
-    /// With leases (R9): the instant before which this replica promises no other ballot, as
-    /// it may have acknowledged a round of the ballot it promised (`t_elect` after it last
-    /// heard its leader, or after a restart).
+    /// The instant before which this replica promises no other ballot, as it may have
+    /// acknowledged a round of the ballot it promised (R9): with leases, `t_elect` after it
+    /// last heard its leader; and after a restart, `restart_silence`.
     fn lease_bound(&self) -> Option<Duration> {
-        if !self.config.lease_reads {
-            return None;
-        }
-        let heard = self.last_heard.map(|at| at + self.config.t_elect);
+        let heard = self
+            .last_heard
+            .filter(|_| self.config.lease_reads)
+            .map(|at| at + self.config.t_elect);
         heard.max(self.restart_bound)
     }
 
@@ -2447,7 +2463,6 @@ impl ShardReplica {
                     deadline,
                     sent: false,
                 });
-                leader.lease_forfeited = self.config.lease_reads;
             }
             self.progress_transfer(now);
             return;
@@ -2530,6 +2545,8 @@ impl ShardReplica {
         let matched = leader.matched.get(&transfer.to.node).copied().unwrap_or(0);
         if !transfer.sent && matched == last && commit == last {
             transfer.sent = true;
+            // Its voters may promise the target from now on (R9).
+            leader.lease_forfeited = self.config.lease_reads;
             let to = transfer.to.clone();
             let b = leader.b.clone();
             self.send(to, Message::TimeoutNow { b }, false);
@@ -2661,7 +2678,7 @@ impl ShardReplica {
             .collect();
         let counts_itself = usize::from(config.voters.iter().any(|v| v.node == self.me.node));
         let Some(needed) = config.majority().checked_sub(counts_itself) else {
-            return true;
+            return false;
         };
         if needed == 0 {
             return true; // The only voter.

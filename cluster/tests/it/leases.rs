@@ -18,6 +18,16 @@ fn lease_config() -> ReplicaConfig {
     }
 }
 
+/// The knobs of a node started without `--danger-lease-reads`: it may have run with them
+/// before, so a restarted replica keeps quiet for `t_elect`.
+fn node_without_leases() -> ReplicaConfig {
+    let config = ReplicaConfig::default();
+    ReplicaConfig {
+        restart_silence: config.t_elect,
+        ..config
+    }
+}
+
 fn get() -> ClientOp {
     ClientOp::Get { key: b"k".to_vec() }
 }
@@ -67,10 +77,10 @@ fn under_a_lease_a_read_is_answered_at_once() {
     }
 }
 
-/// A leader handing its shard to another voter gives up its lease for the rest of its
+/// A leader that told a handoff target to stand gives up its lease for the rest of its
 /// ballot: the target may lead as soon as it stands, and voters promise it at once.
 #[test]
-fn a_leader_starting_a_handoff_reads_by_rounds_from_then_on() {
+fn a_leader_handing_off_reads_by_rounds_from_then_on() {
     for seed in seeds(10) {
         let (mut group, leader) = group_with_a_write(seed, lease_config());
         let target: Vec<_> = (1..=3).map(|i| member((leader + i) % 3)).collect();
@@ -101,7 +111,7 @@ fn only_followers_with_leases_grant_one() {
             let (mut group, leader) = group_with_a_write(seed, lease_config());
             for i in (1..=without_leases).map(|step| (leader + step) % 3) {
                 group.crash(i);
-                group.restart_with(i, ReplicaConfig::default());
+                group.restart_with(i, node_without_leases());
             }
             group.run(Duration::from_millis(500));
             assert_eq!(group.leader(), Some(leader));
@@ -125,6 +135,8 @@ enum AfterTheCut {
     SwimSaysDown,
     /// The follower that was in touch restarts, forgetting when it last heard the leader.
     FollowerRestarts,
+    /// The same, with leases turned off by the restart.
+    FollowerRestartsWithoutLeases,
 }
 
 /// One follower (the lagging one) has not heard the leader for a second, and keeps standing:
@@ -137,6 +149,7 @@ fn a_cut_off_leader_answers_reads_from_its_state_only_until_another_could_lead()
             AfterTheCut::Nothing,
             AfterTheCut::SwimSaysDown,
             AfterTheCut::FollowerRestarts,
+            AfterTheCut::FollowerRestartsWithoutLeases,
         ] {
             let replay = format!(
                 "{after:?}; replay: SLOTRING_SEED={seed} cargo test -p cluster --test it leases::"
@@ -150,9 +163,16 @@ fn a_cut_off_leader_answers_reads_from_its_state_only_until_another_could_lead()
             group.run(Duration::from_millis(1_000 + seed % 100));
             group.cut_off(old);
             let cut_at = group.now;
-            if matches!(after, AfterTheCut::FollowerRestarts) {
-                group.crash(in_touch);
-                group.restart(in_touch);
+            match after {
+                AfterTheCut::FollowerRestarts => {
+                    group.crash(in_touch);
+                    group.restart(in_touch);
+                }
+                AfterTheCut::FollowerRestartsWithoutLeases => {
+                    group.crash(in_touch);
+                    group.restart_with(in_touch, node_without_leases());
+                }
+                AfterTheCut::Nothing | AfterTheCut::SwimSaysDown => {}
             }
             if matches!(after, AfterTheCut::SwimSaysDown) {
                 let now = group.now;
