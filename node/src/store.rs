@@ -296,7 +296,7 @@ impl Store {
     /// unknown to the caller: the node must abort (R0).
     #[cfg(test)]
     pub(crate) fn commit(&mut self, persist: &HostPersist) -> Result<()> {
-        let (seq, batch, bytes) = append_batch(&mut self.wal, persist)?;
+        let (seq, batch, bytes) = append_batch(&mut self.wal, persist.clone())?;
         self.folder.push(seq, batch, bytes)
     }
 
@@ -325,17 +325,18 @@ impl Store {
 }
 
 /// Appends `persist` to `wal` as one durable record; returns its sequence number, its changes
-/// (for the fold) and the record's payload size.
-fn append_batch(wal: &mut Wal, persist: &HostPersist) -> Result<(u64, WalBatch, usize)> {
+/// (for the fold: moved, not copied) and the record's payload size.
+fn append_batch(wal: &mut Wal, persist: HostPersist) -> Result<(u64, WalBatch, usize)> {
+    let id = persist.batch.0;
     let batch: WalBatch = persist
         .shards
-        .iter()
-        .map(|(shard, shard_persist)| (*shard, shard_persist.changes.clone()))
+        .into_iter()
+        .map(|(shard, shard_persist)| (shard, shard_persist.changes))
         .collect();
     let bytes = encode(&batch)?;
     let seq = wal
         .append(&bytes)
-        .with_context(|| format!("committing batch {}", persist.batch.0))?;
+        .with_context(|| format!("committing batch {id}"))?;
     Ok((seq, batch, bytes.len()))
 }
 
@@ -965,7 +966,8 @@ impl StoreWorker {
                             break;
                         }
                     };
-                    let committed = match append_batch(&mut wal, &persist) {
+                    let batch = persist.batch;
+                    let committed = match append_batch(&mut wal, persist) {
                         Ok(committed) => committed,
                         Err(error) => {
                             let _ = report.send(Err(error));
@@ -973,7 +975,7 @@ impl StoreWorker {
                         }
                     };
                     // Durable: the batch's messages may leave while it waits to be folded.
-                    if report.send(Ok(persist.batch)).is_err() {
+                    if report.send(Ok(batch)).is_err() {
                         break;
                     }
                     if pending.push(committed) && to_fold.send(pending.take()).is_err() {
