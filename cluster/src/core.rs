@@ -14,7 +14,7 @@ use topology::{NodeId, TokenRing};
 
 use crate::Error;
 use crate::identity::Identity;
-use crate::replica::{ClientReply, MoveChange, PeerBatch, ReplicaConfig, ShardHost};
+use crate::replica::{ClientReply, MoveChange, PeerBatch, ReplicaConfig, ShardHost, VerifyOutcome};
 use crate::spec::{ClusterSpec, SpecFingerprint};
 use crate::timers::TimerQueue;
 use crate::wire::{
@@ -243,6 +243,15 @@ pub enum Event {
         shard: u16,
         /// Whether the voters are the target.
         done: bool,
+    },
+    /// A copy this node's leader of `shard` promoted to voter (a moved copy) was compared with
+    /// its own ([`VerifyOutcome`]): equal, differing (and removed, to be added again), or
+    /// never answered.
+    CopyVerified {
+        /// The shard.
+        shard: u16,
+        /// What came of it.
+        outcome: VerifyOutcome,
     },
 }
 
@@ -859,6 +868,9 @@ impl Cluster {
     pub fn poll_event(&mut self) -> Option<Event> {
         if let Some(event) = self.events.pop_front() {
             return Some(event);
+        }
+        if let Some((shard, outcome)) = self.host.poll_verify() {
+            return Some(Event::CopyVerified { shard, outcome });
         }
         match self.host.poll_move()? {
             MoveChange::Started { shard } => {

@@ -7,6 +7,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
 use bytes::Bytes;
+use cluster::replica::VerifyOutcome;
 use cluster::wire::{self, CopyProgress, Request, Response, WireMember};
 use cluster::{Cluster, ClusterSpec, Event, Identity, NodeMeta, RequestId, Transmit};
 use shardtable::{Placement, ReplicationFactor, ShardCount, TableSpec};
@@ -911,6 +912,27 @@ impl NodeLoop {
                 Event::MoveEnded { shard, done: false } => {
                     info!(shard, "shard move left to the shard's next leader");
                 }
+                Event::CopyVerified { shard, outcome } => match outcome {
+                    VerifyOutcome::Verified {
+                        member,
+                        index,
+                        chunks,
+                    } => info!(shard, member = %member.node, index, chunks, "shard copy verified"),
+                    VerifyOutcome::Mismatch {
+                        member,
+                        index,
+                        first_difference,
+                    } => warn!(
+                        shard,
+                        member = %member.node,
+                        index,
+                        first_difference,
+                        "shard copy differs from its leader's: removed, to be copied again"
+                    ),
+                    VerifyOutcome::Unverified { member } => {
+                        warn!(shard, member = %member.node, "shard copy not verified: no answer");
+                    }
+                },
             }
         }
         Ok(())

@@ -547,6 +547,21 @@ fn a_fourth_node_joins_during_writes() {
         moved, diff,
         "the shards moved are the diff, all of them and only them"
     );
+    // Each moved shard's new copy was compared with its leader's, and found equal.
+    wait_until(
+        Duration::from_secs(10),
+        "every moved shard's copy is verified",
+        || {
+            let verified = shards_logged_since(&cluster, &logged_before, "shard copy verified");
+            if verified == diff {
+                Ok(())
+            } else {
+                Err(format!("verified {verified:?}"))
+            }
+        },
+    );
+    let differed = shards_logged_since(&cluster, &logged_before, "shard copy differs");
+    assert!(differed.is_empty(), "copies differed: {differed:?}");
     let failed = failed_attempts(&histories);
     // The client library follows `moved` itself: a join costs the writers no error at all.
     assert!(
@@ -572,7 +587,17 @@ pub(crate) fn failed_attempts(histories: &[History]) -> Vec<&str> {
 /// The shards of the `shard move started` events every node logged after the first
 /// `logged_before[i]` bytes of node `i`'s log (a node not listed: from its start).
 pub(crate) fn moves_logged_since(cluster: &Cluster, logged_before: &[usize]) -> BTreeSet<u16> {
-    let mut moved = BTreeSet::new();
+    shards_logged_since(cluster, logged_before, "shard move started")
+}
+
+/// The shards of the lines saying `message` that every node logged after the first
+/// `logged_before[i]` bytes of node `i`'s log (a node not listed: from its start).
+pub(crate) fn shards_logged_since(
+    cluster: &Cluster,
+    logged_before: &[usize],
+    message: &str,
+) -> BTreeSet<u16> {
+    let mut shards = BTreeSet::new();
     for index in 0..cluster.nodes().len() {
         let log = cluster.log(index);
         let since = logged_before
@@ -580,15 +605,15 @@ pub(crate) fn moves_logged_since(cluster: &Cluster, logged_before: &[usize]) -> 
             .copied()
             .unwrap_or(0)
             .min(log.len());
-        moved.extend(moves_started(log.get(since..).unwrap_or_default()));
+        shards.extend(shards_in(log.get(since..).unwrap_or_default(), message));
     }
-    moved
+    shards
 }
 
-/// The shards of the `shard move started` events in `log` (a node's log lines).
-fn moves_started(log: &str) -> BTreeSet<u16> {
+/// The shards (`shard=N`) of the lines saying `message` in `log` (a node's log lines).
+fn shards_in(log: &str, message: &str) -> BTreeSet<u16> {
     log.lines()
-        .filter(|line| line.contains("shard move started"))
+        .filter(|line| line.contains(message))
         .filter_map(|line| {
             let after = &line[line.find("shard=")? + "shard=".len()..];
             let digits: String = after.chars().take_while(char::is_ascii_digit).collect();

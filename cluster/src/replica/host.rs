@@ -10,6 +10,7 @@ use topology::NodeId;
 use super::{
     BatchId, ClientOp, ClientReply, Config, Durable, Member, Message, Op, Persist, RejectReason,
     ReplicaConfig, RequestTag, ShardReplica, SnapshotRead, SnapshotReadReply, StorageId,
+    VerifyOutcome,
 };
 
 /// About how many bytes of keys and values one [`PeerBatch`] carries at most (a single larger
@@ -116,6 +117,9 @@ pub struct ShardHost {
     moving: BTreeSet<u16>,
     /// Moves of shards led here that started or ended, oldest first ([`ShardHost::poll_move`]).
     move_changes: VecDeque<MoveChange>,
+    /// Copy verifications decided by replicas leading here, oldest first
+    /// ([`ShardHost::poll_verify`]).
+    verify_outcomes: VecDeque<(u16, VerifyOutcome)>,
     /// The snapshot reads held back by `move_bytes_per_sec`, in the order asked.
     held_reads: VecDeque<(u16, SnapshotRead)>,
     /// Snapshot bytes the rate limit still allows now (negative: owed), as of `budget_at`.
@@ -147,6 +151,7 @@ impl ShardHost {
             queued_targets: BTreeMap::new(),
             moving: BTreeSet::new(),
             move_changes: VecDeque::new(),
+            verify_outcomes: VecDeque::new(),
             held_reads: VecDeque::new(),
             move_budget: 0,
             budget_at: Duration::ZERO,
@@ -264,6 +269,11 @@ impl ShardHost {
     /// The next move of a shard led here that started or ended, oldest first.
     pub fn poll_move(&mut self) -> Option<MoveChange> {
         self.move_changes.pop_front()
+    }
+
+    /// The next copy verification a replica leading here decided (after a move).
+    pub fn poll_verify(&mut self) -> Option<(u16, VerifyOutcome)> {
+        self.verify_outcomes.pop_front()
     }
 
     /// How many shards this node leads are moving, and how many more wait for their turn.
@@ -499,6 +509,9 @@ impl ShardHost {
         }
         while let Some((tag, reply)) = replica.poll_reply() {
             self.replies.push_back((shard, tag, reply));
+        }
+        while let Some(outcome) = replica.poll_verify() {
+            self.verify_outcomes.push_back((shard, outcome));
         }
         while let Some(read) = replica.poll_snapshot_read() {
             // With a rate limit every read queues behind the held ones: the shell answers in

@@ -27,7 +27,7 @@ pub use self::host::{FRAME_BUDGET, HostBatchId, HostPersist, MoveChange, PeerBat
 pub use self::snapshot::{MemoryViews, Pairs, SnapshotRead, SnapshotReadReply, ViewId};
 pub use self::types::{
     Ballot, ClientOp, ClientReply, Config, Entry, Member, Message, NackReason, Op, Pos,
-    RejectReason, RequestTag, StorageId, snapshot_digest,
+    RejectReason, RequestTag, StorageId, VerifyOutcome, copy_checksums, snapshot_digest,
 };
 
 /// The first multiple of `grid` at or after `at` (`at` itself for a zero grid).
@@ -109,6 +109,11 @@ pub struct ReplicaConfig {
     /// without leases, so a node restarted with leases turned off still keeps the promise it
     /// may have made. Default zero.
     pub restart_silence: Duration,
+    /// Verify each member a leader promotes from learner to voter (a moved copy): compare
+    /// [`copy_checksums`] of its state with the leader's at one applied index, and remove a
+    /// copy that differs (placement adds it again as a learner, which starts over from a
+    /// snapshot). Default on.
+    pub verify_copies: bool,
 }
 
 impl Default for ReplicaConfig {
@@ -129,6 +134,7 @@ impl Default for ReplicaConfig {
             move_bytes_per_sec: 0,
             lease_reads: false,
             restart_silence: Duration::ZERO,
+            verify_copies: true,
         }
     }
 }
@@ -437,12 +443,31 @@ pub struct Leader {
     /// could still hold a lease (R9): an acknowledgement of `hb_seq = s` answers a message
     /// sent at or after `s`'s time.
     seq_times: VecDeque<(u64, Duration)>,
+    /// Copies being verified, per member: the index asked, the leader's own checksums there,
+    /// when asked, and how many times.
+    verifying: BTreeMap<NodeId, Verifying>,
+    /// Members whose copy differed from the leader's: removed from the config next.
+    evicting: Vec<Member>,
+    /// Members removed for a differing copy that have not acknowledged their tombstone yet:
+    /// not added again before they have, or they would keep their copy and catch up by the
+    /// log alone.
+    evicted: Vec<Member>,
     /// The newest round each follower that keeps lease promises acknowledged (R9).
     lease_acked: BTreeMap<NodeId, u64>,
     /// This ballot's leader told a handoff target to stand: the target may lead at any moment
     /// (voters promise it at once), so no lease holds for the rest of the ballot, even if the
     /// handoff times out.
     lease_forfeited: bool,
+}
+
+/// A copy verification in progress at a leader.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+struct Verifying {
+    member: Member,
+    index: u64,
+    own: Vec<[u8; 16]>,
+    asked_at: Duration,
+    attempts: u32,
 }
 
 /// A received `Snapshot` chunk, unpacked.
@@ -571,6 +596,12 @@ const COMPACT_HARD_CAP: u64 = 4;
 /// appended (`undecided`) before answering them `Indeterminate`.
 const UNDECIDED_FOR: Duration = Duration::from_secs(2);
 
+/// How long a leader waits for a member's checksums before asking again at a later index.
+const VERIFY_PATIENCE: Duration = Duration::from_secs(2);
+
+/// How many times a leader asks a member for its checksums before reporting it unverified.
+const VERIFY_ATTEMPTS: u32 = 5;
+
 /// How long a leader waits between two handoffs to the placement target (R3).
 const T_STABLE: Duration = Duration::from_secs(10);
 
@@ -602,6 +633,9 @@ pub struct Mutations {
     pub send_before_persist: bool,
     /// Promise a ballot with the same `n` as the one promised, from another proposer.
     pub accept_equal_n: bool,
+    /// Install the next snapshot with one value changed (a copy gone bad on the way to the
+    /// disk), once; copy verification must catch it.
+    pub corrupt_next_install: bool,
 }
 
 /// One replica of one shard.
@@ -645,6 +679,11 @@ pub struct ShardReplica {
     /// `Indeterminate` once another entry is applied at its index, at the deadline, or when a
     /// snapshot skips the index.
     undecided: BTreeMap<u64, (RequestTag, Ballot, Duration)>,
+    /// A leader's `Verify` waiting for this replica to apply its index: who asked, under
+    /// which ballot, at which index.
+    verify_asked: Option<(Member, Ballot, u64)>,
+    /// Copy verifications decided here as leader, for the shell to report.
+    verify_outcomes: VecDeque<VerifyOutcome>,
     /// The next view of this replica's disk to ask for (R6 transfers).
     next_view: ViewId,
     /// Reads of this replica's disk for the shell.
@@ -698,6 +737,8 @@ impl ShardReplica {
             last_handoff: None,
             incoming: None,
             undecided: BTreeMap::new(),
+            verify_asked: None,
+            verify_outcomes: VecDeque::new(),
             next_view: 0,
             reads: VecDeque::new(),
             rng: seed | 1,
@@ -869,6 +910,11 @@ impl ShardReplica {
     /// The next client answer.
     pub fn poll_reply(&mut self) -> Option<(RequestTag, ClientReply)> {
         self.replies.pop_front()
+    }
+
+    /// The next copy verification this replica decided as leader.
+    pub fn poll_verify(&mut self) -> Option<VerifyOutcome> {
+        self.verify_outcomes.pop_front()
     }
 
     /// The next read of this replica's disk, for a snapshot transfer: answer `Open` and
@@ -1105,6 +1151,10 @@ impl ShardReplica {
                 self.on_append_ok(now, from, b, matched, hb_seq, lease);
             }
             Message::AppendNack { b, reason } => self.on_append_nack(now, from, b, reason),
+            Message::Verify { b, index } => self.on_verify(from, b, index),
+            Message::VerifyOk { b, index, chunks } => {
+                self.on_verify_ok(now, from, b, index, chunks);
+            }
             Message::TimeoutNow { b } => {
                 if !matches!(self.role, Role::Leader(_)) {
                     self.stand(now, Some(b));
@@ -1120,6 +1170,7 @@ impl ShardReplica {
                     && leader.b == b
                 {
                     leader.removing.remove(&from.node);
+                    leader.evicted.retain(|m| m.node != from.node);
                 }
             }
             Message::Snapshot {
@@ -1547,6 +1598,9 @@ impl ShardReplica {
             last_activity: now,
             snapshots: BTreeMap::new(),
             seq_times: VecDeque::new(),
+            verifying: BTreeMap::new(),
+            evicting: Vec::new(),
+            evicted: Vec::new(),
             lease_acked: BTreeMap::new(),
             lease_forfeited: false,
         };
@@ -2225,8 +2279,15 @@ impl ShardReplica {
         };
         let index = base.pos.index;
         tracing::debug!(base = index, keys = incoming.kv.len(), "snapshot installed");
+        let mut kv = incoming.kv;
+        if self.mutations.corrupt_next_install
+            && let Some(value) = kv.values_mut().next()
+        {
+            self.mutations.corrupt_next_install = false;
+            value.push(b'!');
+        }
         self.durable.log.clear();
-        self.durable.kv = incoming.kv.clone();
+        self.durable.kv = kv.clone();
         self.durable.applied = index;
         self.durable.base = base.clone();
         self.commit = self.commit.max(index);
@@ -2235,10 +2296,8 @@ impl ShardReplica {
         for (_, _, last) in self.unpersisted.iter_mut() {
             *last = (*last).min(index);
         }
-        self.open_batch.push(Change::InstallSnapshot {
-            base,
-            kv: incoming.kv,
-        });
+        self.open_batch.push(Change::InstallSnapshot { base, kv });
+        self.answer_verify();
         self.arm_election(now);
     }
 
@@ -2424,16 +2483,29 @@ impl ShardReplica {
             leader.matched.get(&member.node).copied().unwrap_or(0) >= self.commit && self.commit > 0
         };
         let mut next = active.clone();
-        if let Some(stale) = active.learners.iter().find(|l| !target.contains(l)) {
+        let mut promoted = None;
+        let mut evicted = None;
+        let bad_copy = leader.evicting.iter().find(|m| {
+            m.node != self.me.node && (active.voters.contains(m) || active.learners.contains(m))
+        });
+        if let Some(bad) = bad_copy {
+            evicted = Some(bad.clone());
+            // Its copy differed from this leader's: out, whatever the target says (R8 then
+            // tombstones it; the target adds it again as a learner, which starts over).
+            next.voters.retain(|v| v != bad);
+            next.learners.retain(|l| l != bad);
+        } else if let Some(stale) = active.learners.iter().find(|l| !target.contains(l)) {
             next.learners.retain(|l| l != stale);
-        } else if let Some(new) = target
-            .iter()
-            .find(|m| !active.voters.contains(m) && !active.learners.contains(m))
-        {
+        } else if let Some(new) = target.iter().find(|m| {
+            !active.voters.contains(m)
+                && !active.learners.contains(m)
+                && !leader.evicted.contains(m)
+        }) {
             next.learners.push(new.clone());
         } else if let Some(ready) = active.learners.iter().find(|l| caught_up(l)) {
             next.learners.retain(|l| l != ready);
             next.voters.push(ready.clone());
+            promoted = Some(ready.clone());
         } else if !active.learners.is_empty() {
             return; // Wait for the learners to catch up.
         } else if let Some(old) = active
@@ -2515,12 +2587,171 @@ impl ShardReplica {
         let entry = Entry {
             ballot: leader.b.clone(),
             index: self.durable.last().index + 1,
-            op: Op::Config(next),
+            op: Op::Config(next.clone()),
             tag: None,
         };
         self.append(vec![entry]);
         self.appends_wanted = true;
+        if let Role::Leader(leader) = &mut self.role {
+            leader
+                .evicting
+                .retain(|m| next.voters.contains(m) || next.learners.contains(m));
+            leader.evicted.extend(evicted);
+        }
+        if let Some(member) = promoted
+            && self.config.verify_copies
+        {
+            self.start_verify(now, member, 0);
+        }
         self.wake(now);
+    }
+
+    // ---- copy verification (after a move) ----
+
+    /// Asks `member` for its copy's checksums at this leader's applied index (everything
+    /// committed is applied here, and a caught-up member applies it soon), keeping its own.
+    fn start_verify(&mut self, now: Duration, member: Member, attempts: u32) {
+        let index = self.durable.applied;
+        let own = copy_checksums(&self.durable.kv, self.config.snapshot_chunk_bytes);
+        let Role::Leader(leader) = &mut self.role else {
+            return;
+        };
+        let b = leader.b.clone();
+        let verifying = Verifying {
+            member: member.clone(),
+            index,
+            own,
+            asked_at: now,
+            attempts: attempts + 1,
+        };
+        leader.verifying.insert(member.node.clone(), verifying);
+        self.send(member, Message::Verify { b, index }, false);
+    }
+
+    /// A leader's `Verify`: answered once this replica has applied exactly `index`.
+    fn on_verify(&mut self, from: Member, b: Ballot, index: u64) {
+        if self.durable.promised.as_ref() != Some(&b) || matches!(self.role, Role::Leader(_)) {
+            return; // Not from the leader this replica follows.
+        }
+        self.verify_asked = Some((from, b, index));
+        self.answer_verify();
+    }
+
+    /// Answers the pending `Verify` if this replica's applied index has reached it.
+    fn answer_verify(&mut self) {
+        let Some((_, _, index)) = &self.verify_asked else {
+            return;
+        };
+        let chunks = match self.durable.applied.cmp(index) {
+            std::cmp::Ordering::Less => return,
+            std::cmp::Ordering::Equal => Some(copy_checksums(
+                &self.durable.kv,
+                self.config.snapshot_chunk_bytes,
+            )),
+            std::cmp::Ordering::Greater => None,
+        };
+        let Some((to, b, index)) = self.verify_asked.take() else {
+            return;
+        };
+        self.send(to, Message::VerifyOk { b, index, chunks }, false);
+    }
+
+    fn on_verify_ok(
+        &mut self,
+        now: Duration,
+        from: Member,
+        b: Ballot,
+        index: u64,
+        chunks: Option<Vec<[u8; 16]>>,
+    ) {
+        let Role::Leader(leader) = &mut self.role else {
+            return;
+        };
+        if leader.b != b {
+            return;
+        }
+        let Some(verifying) = leader.verifying.get(&from.node) else {
+            return;
+        };
+        if verifying.member != from || verifying.index != index {
+            return;
+        }
+        let Some(verifying) = leader.verifying.remove(&from.node) else {
+            return;
+        };
+        let Some(chunks) = chunks else {
+            // It had applied past the index: ask again at the current one.
+            self.retry_verify(now, verifying);
+            return;
+        };
+        let first_difference = verifying
+            .own
+            .iter()
+            .zip(&chunks)
+            .position(|(ours, theirs)| ours != theirs)
+            .or_else(|| {
+                (verifying.own.len() != chunks.len()).then(|| verifying.own.len().min(chunks.len()))
+            });
+        match first_difference {
+            None => self.verify_outcomes.push_back(VerifyOutcome::Verified {
+                member: from,
+                index,
+                chunks: chunks.len(),
+            }),
+            Some(first_difference) => {
+                tracing::warn!(
+                    shard = self.shard,
+                    member = %from.node,
+                    index,
+                    first_difference,
+                    "a copy differs from its leader's: removing it, to be added again"
+                );
+                self.verify_outcomes.push_back(VerifyOutcome::Mismatch {
+                    member: from.clone(),
+                    index,
+                    first_difference,
+                });
+                leader.evicting.push(from);
+                self.reconfigure(now);
+            }
+        }
+    }
+
+    /// Asks again at the current index, or gives up after [`VERIFY_ATTEMPTS`].
+    fn retry_verify(&mut self, now: Duration, verifying: Verifying) {
+        if verifying.attempts >= VERIFY_ATTEMPTS {
+            self.verify_outcomes.push_back(VerifyOutcome::Unverified {
+                member: verifying.member,
+            });
+        } else {
+            self.start_verify(now, verifying.member, verifying.attempts);
+        }
+    }
+
+    /// Verifications that waited [`VERIFY_PATIENCE`]: asked again (the member may have been
+    /// down, or the message lost), or given up; those of members no longer in the config end.
+    fn expire_verifications(&mut self, now: Duration) {
+        let active = active(&self.durable, self.config_at).clone();
+        let Role::Leader(leader) = &mut self.role else {
+            return;
+        };
+        leader.verifying.retain(|_, v| {
+            active.voters.contains(&v.member) || active.learners.contains(&v.member)
+        });
+        let overdue: Vec<NodeId> = leader
+            .verifying
+            .iter()
+            .filter(|(_, v)| now.saturating_sub(v.asked_at) >= VERIFY_PATIENCE)
+            .map(|(node, _)| node.clone())
+            .collect();
+        for node in overdue {
+            let Role::Leader(leader) = &mut self.role else {
+                return;
+            };
+            if let Some(verifying) = leader.verifying.remove(&node) {
+                self.retry_verify(now, verifying);
+            }
+        }
     }
 
     /// R7 (2): once the target holds everything committed, ask it to stand; (5) give up at
@@ -2618,6 +2849,13 @@ impl ShardReplica {
                     ClientReply::Indeterminate
                 };
                 self.replies.push_back((tag, reply));
+            }
+            if self
+                .verify_asked
+                .as_ref()
+                .is_some_and(|(_, _, asked)| *asked == index)
+            {
+                self.answer_verify();
             }
         }
     }
@@ -2775,6 +3013,7 @@ impl ShardReplica {
         }
         self.send_appends(true);
         self.progress_transfer(now);
+        self.expire_verifications(now);
         self.reconfigure(now);
         // Rounds fall on a grid (a quarter heartbeat, or a whole one while idle), so a node's
         // many shards heartbeat in the same instants and their messages share frames instead

@@ -235,6 +235,24 @@ pub enum Message {
         /// Why.
         reason: NackReason,
     },
+    /// The leader of `b` asks a member it just promoted for the checksums of its copy at
+    /// applied index `index`, to compare with its own (the copy verification after a move).
+    Verify {
+        /// The leader's ballot.
+        b: Ballot,
+        /// The applied index the checksums are taken at.
+        index: u64,
+    },
+    /// The answer to `Verify`: [`copy_checksums`] of the state at `index`, or `None` when
+    /// the receiver had applied past `index` already (the leader asks again).
+    VerifyOk {
+        /// The leader's ballot.
+        b: Ballot,
+        /// The index asked.
+        index: u64,
+        /// The checksums, chunk by chunk.
+        chunks: Option<Vec<[u8; 16]>>,
+    },
     /// The leader of `b` asks the receiver to stand now (R7).
     TimeoutNow {
         /// The sender's ballot.
@@ -285,6 +303,69 @@ pub enum Message {
         /// The receiver durably holds the state at `base` (installed, or already applied):
         /// the leader continues with `Append`s after `base`.
         done: bool,
+    },
+}
+
+/// Checksums of a copy's key-value state, Vitess VDiff style: the pairs in key order, cut into
+/// chunks of about `chunk_bytes` of keys and values, each hashed (blake3 over length-prefixed
+/// keys and values, first 16 bytes). Two copies hold the same state exactly when their lists
+/// are equal (up to blake3 collisions); the first differing chunk says where they part.
+pub fn copy_checksums(
+    kv: &std::collections::BTreeMap<Vec<u8>, Vec<u8>>,
+    chunk_bytes: usize,
+) -> Vec<[u8; 16]> {
+    fn finish(hasher: &blake3::Hasher) -> [u8; 16] {
+        let mut out = [0; 16];
+        out.copy_from_slice(&hasher.finalize().as_bytes()[..16]);
+        out
+    }
+    let mut chunks = Vec::new();
+    let mut hasher = blake3::Hasher::new();
+    let mut size = 0usize;
+    for (key, value) in kv {
+        hasher.update(&(key.len() as u64).to_le_bytes());
+        hasher.update(key);
+        hasher.update(&(value.len() as u64).to_le_bytes());
+        hasher.update(value);
+        size += key.len() + value.len();
+        if size >= chunk_bytes {
+            chunks.push(finish(&hasher));
+            hasher = blake3::Hasher::new();
+            size = 0;
+        }
+    }
+    if size > 0 || chunks.is_empty() {
+        chunks.push(finish(&hasher));
+    }
+    chunks
+}
+
+/// What came of verifying a copy of a shard after a move ([`Message::Verify`]).
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub enum VerifyOutcome {
+    /// The member's copy equals the leader's at `index`.
+    Verified {
+        /// The member verified.
+        member: Member,
+        /// The applied index compared at.
+        index: u64,
+        /// How many chunks were compared.
+        chunks: usize,
+    },
+    /// The member's copy differs from the leader's: it is removed from the shard (and
+    /// tombstoned, R8); placement then adds it again as a learner, which starts over.
+    Mismatch {
+        /// The member removed.
+        member: Member,
+        /// The applied index compared at.
+        index: u64,
+        /// The first chunk that differs.
+        first_difference: usize,
+    },
+    /// The member never answered in time (down, or always applied past the index asked).
+    Unverified {
+        /// The member.
+        member: Member,
     },
 }
 
