@@ -180,14 +180,24 @@ impl Cluster {
         self.host.handle_snapshot_read(now, shard, reply);
     }
 
-    /// The replicas this node stores (not tombstoned) and their keys (`status`'s `held`).
+    /// The replicas this node stores (not tombstoned) and their keys, and the retired copies
+    /// waiting for their grace period to end (`status`'s `held`).
     pub fn held(&self) -> HeldView {
         self.host
             .replicas()
-            .filter(|(_, replica)| replica.durable().tombstone.is_none())
-            .fold(HeldView::default(), |held, (_, replica)| HeldView {
-                shards: held.shards + 1,
-                keys: held.keys + replica.durable().kv.len() as u64,
+            .fold(HeldView::default(), |held, (_, replica)| {
+                if replica.durable().tombstone.is_none() {
+                    HeldView {
+                        shards: held.shards + 1,
+                        keys: held.keys + replica.durable().kv.len() as u64,
+                        ..held
+                    }
+                } else {
+                    HeldView {
+                        retired: held.retired + u32::from(replica.holds_retired_copy()),
+                        ..held
+                    }
+                }
             })
     }
 

@@ -363,6 +363,9 @@ pub struct HeldView {
     pub shards: u32,
     /// Keys, summed over those shards.
     pub keys: u64,
+    /// Copies of shards this node no longer holds, still on its disk until their grace period
+    /// (`--retired-grace`) ends.
+    pub retired: u32,
 }
 
 /// A shard moving between nodes, as its leader sees it.

@@ -351,7 +351,7 @@ fn status_json(view: &StatusView, held: &BTreeMap<String, HeldView>) -> Value {
             "generation": n.member.generation,
             "leads": n.leads,
             "replicates": n.replicates,
-            "held": held.get(n.member.id.as_str()).map(|h| json!({"shards": h.shards, "keys": h.keys})),
+            "held": held.get(n.member.id.as_str()).map(|h| json!({"shards": h.shards, "keys": h.keys, "retired": h.retired})),
         })).collect::<Vec<_>>(),
     })
 }
@@ -467,7 +467,7 @@ pub(crate) async fn status(query: &QueryArgs) -> Result<ExitCode> {
             say!("table {} as seen by {}", view.digest, view.node);
             let mut rows = vec![
                 [
-                    "ID", "ADDRESS", "STATE", "GEN", "LEADS", "REPLICAS", "HELD", "KEYS",
+                    "ID", "ADDRESS", "STATE", "GEN", "LEADS", "REPLICAS", "HELD", "KEYS", "RETIRED",
                 ]
                 .map(str::to_owned)
                 .to_vec(),
@@ -483,6 +483,7 @@ pub(crate) async fn status(query: &QueryArgs) -> Result<ExitCode> {
                     n.replicates.to_string(),
                     or_dash(stored.map(|h| u64::from(h.shards))),
                     or_dash(stored.map(|h| h.keys)),
+                    or_dash(stored.map(|h| u64::from(h.retired))),
                 ]);
             }
             emit(&table(&rows));

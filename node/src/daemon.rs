@@ -213,6 +213,7 @@ pub(crate) async fn run(args: DaemonArgs) -> Result<ExitCode> {
         config.replica.lease_reads = args.danger_lease_reads;
         // With or without leases: this node may have run with them before this start.
         config.replica.restart_silence = config.replica.t_elect;
+        config.replica.retired_grace = Duration::from_secs(args.retired_grace);
         if args.danger_lease_reads {
             warn!("lease reads on: reads are linearizable only while clocks keep rates within 1% of each other");
         }

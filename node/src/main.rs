@@ -86,6 +86,10 @@ pub(crate) struct DaemonArgs {
     /// within 1% of each other; failover waits for the dead leader's lease (t_elect) too.
     #[arg(long, env = "SLOTRING_DANGER_LEASE_READS")]
     pub(crate) danger_lease_reads: bool,
+    /// How many seconds a copy of a shard this node no longer holds (after a move) stays on
+    /// its disk before it is deleted; 0 deletes it at once.
+    #[arg(long, env = "SLOTRING_RETIRED_GRACE", default_value_t = 3600, value_parser = clap::value_parser!(u64).range(0..=31_536_000))]
+    pub(crate) retired_grace: u64,
 }
 
 #[derive(Debug, Subcommand)]

@@ -484,7 +484,8 @@ impl<'txn> Tables<'txn> {
     /// Nothing is written before the end: the key-value writes of `Applied` changes are merged
     /// (the last write of a key wins) and written in key order, and appended entries wait in
     /// `tail` so that those applied within the fold never reach the log table. A `Tombstone`
-    /// or `InstallSnapshot` clears the shard's state, so what was merged before it is dropped.
+    /// clears the log (its state stays, as the retired copy); an `InstallSnapshot` or a
+    /// `DropRetired` clears the state too, so what was merged before it is dropped.
     fn apply_all(&mut self, shard: u16, changes: &[&Change]) -> Result<()> {
         let mut cursor = self.cursor(shard)?;
         let mut writes: BTreeMap<&[u8], Option<&[u8]>> = BTreeMap::new();
@@ -526,9 +527,17 @@ impl<'txn> Tables<'txn> {
                     );
                     self.apply(shard, &mut cursor, change)?;
                 }
-                Change::Tombstone(_) | Change::InstallSnapshot { .. } => {
+                Change::Tombstone(_) => {
+                    tail.clear();
+                    self.apply(shard, &mut cursor, change)?;
+                }
+                Change::InstallSnapshot { .. } => {
                     writes.clear();
                     tail.clear();
+                    self.apply(shard, &mut cursor, change)?;
+                }
+                Change::DropRetired => {
+                    writes.clear();
                     self.apply(shard, &mut cursor, change)?;
                 }
                 Change::Promised(ballot) => cursor.row.promised = Some(ballot.clone()),
@@ -632,8 +641,8 @@ impl<'txn> Tables<'txn> {
                 cursor.row.applied = *index;
             }
             Change::Tombstone(tombstone) => {
+                // The state stays as the retired copy, until `DropRetired`.
                 self.clear_log(shard)?;
-                self.clear_kv(shard)?;
                 cursor.len = 0;
                 cursor.row.tombstone = Some(TombstoneRow {
                     promised: tombstone.promised.clone(),
@@ -664,6 +673,7 @@ impl<'txn> Tables<'txn> {
                 cursor.row.base_config = new_base.config.clone();
                 cursor.row.tombstone = None;
             }
+            Change::DropRetired => self.clear_kv(shard)?,
         }
         Ok(())
     }
@@ -814,9 +824,12 @@ fn load(db: &Database) -> Result<BTreeMap<u16, Durable>> {
             entries.push(entry);
         }
         let mut pairs = BTreeMap::new();
-        for row in kv.range::<(u16, &[u8])>(kv_range(shard))? {
-            let (key, value) = row?;
-            pairs.insert(key.value().1.to_vec(), value.value().to_vec());
+        // A tombstoned replica's rows are its retired copy: on the disk, not in its state.
+        if row.tombstone.is_none() {
+            for pair in kv.range::<(u16, &[u8])>(kv_range(shard))? {
+                let (key, value) = pair?;
+                pairs.insert(key.value().1.to_vec(), value.value().to_vec());
+            }
         }
         loaded.insert(shard, row.into_durable(entries, pairs));
     }

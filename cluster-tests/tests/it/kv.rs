@@ -562,6 +562,15 @@ fn a_fourth_node_joins_during_writes() {
     );
     let differed = shards_logged_since(&cluster, &logged_before, "shard copy differs");
     assert!(differed.is_empty(), "copies differed: {differed:?}");
+    // Each moved shard left one old copy behind, retired (the grace period is an hour).
+    let status = cluster.query(0, &["status"]);
+    let retired: u64 = status["nodes"]
+        .as_array()
+        .expect("status lists nodes")
+        .iter()
+        .map(|node| node["held"]["retired"].as_u64().unwrap_or(0))
+        .sum();
+    assert_eq!(retired, diff.len() as u64, "retired copies: {status}");
     let failed = failed_attempts(&histories);
     // The client library follows `moved` itself: a join costs the writers no error at all.
     assert!(

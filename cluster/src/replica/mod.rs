@@ -114,6 +114,10 @@ pub struct ReplicaConfig {
     /// copy that differs (placement adds it again as a learner, which starts over from a
     /// snapshot). Default on.
     pub verify_copies: bool,
+    /// How long the key-value state of a removed (tombstoned) replica stays on the disk, as a
+    /// retired copy no one reads, before [`Change::DropRetired`] deletes it (counted from the
+    /// removal, or from a restart). Zero: in the same batch as the tombstone. Default 1 hour.
+    pub retired_grace: Duration,
 }
 
 impl Default for ReplicaConfig {
@@ -135,6 +139,7 @@ impl Default for ReplicaConfig {
             lease_reads: false,
             restart_silence: Duration::ZERO,
             verify_copies: true,
+            retired_grace: Duration::from_secs(3600),
         }
     }
 }
@@ -254,6 +259,8 @@ impl Durable {
                 self.kv.clear();
                 self.tombstone = Some(tombstone.clone());
             }
+            // Only the disk still held it.
+            Change::DropRetired => {}
             Change::Compact { base } if base.pos.index <= self.base.pos.index => {
                 // Compacted this far already (a store may compact further than the replica
                 // asked, see `Change::Compact`): nothing to drop, and the base stays.
@@ -314,7 +321,8 @@ pub enum Change {
     },
     /// Append entries.
     Append(Vec<Entry>),
-    /// Replace the shard's log and state with a tombstone.
+    /// Replace the shard's log with a tombstone; its key-value state stays on the disk as a
+    /// retired copy (gone from the replica's state all the same) until `DropRetired`.
     Tombstone(Tombstone),
     /// Apply entry `index`: these keys now hold these values (`None`: removed).
     Applied {
@@ -341,6 +349,8 @@ pub enum Change {
         #[serde(with = "bytes::map")]
         kv: BTreeMap<Vec<u8>, Vec<u8>>,
     },
+    /// Delete a tombstoned replica's retired copy from the disk (its grace period is over).
+    DropRetired,
 }
 
 /// Identifies a persist batch.
@@ -375,6 +385,8 @@ pub enum Timer {
     Election,
     /// Send a heartbeat round and check the quorum (a leader).
     Heartbeat,
+    /// A tombstoned replica's grace period is over: delete its retired copy.
+    DropRetired,
 }
 
 /// A replica's role.
@@ -666,6 +678,8 @@ pub struct ShardReplica {
     dead: BTreeSet<NodeId>,
     election_at: Option<Duration>,
     heartbeat_at: Option<Duration>,
+    /// When a tombstoned replica's retired copy is deleted (`ReplicaConfig::retired_grace`).
+    retire_at: Option<Duration>,
     /// The index of the log's last `Config` entry (`None`: the base's config is active), so
     /// `active` is O(1).
     config_at: Option<u64>,
@@ -732,6 +746,7 @@ impl ShardReplica {
             dead: BTreeSet::new(),
             election_at: None,
             heartbeat_at: None,
+            retire_at: None,
             config_at: None,
             target: None,
             last_handoff: None,
@@ -755,6 +770,11 @@ impl ShardReplica {
         };
         replica.commit = replica.durable.applied;
         replica.config_at = last_config_index(&replica.durable);
+        if replica.durable.tombstone.is_some() && !replica.config.retired_grace.is_zero() {
+            // Whatever is left of its retired copy goes a grace period after this start (with
+            // no grace period it went with the tombstone, in the same batch).
+            replica.retire_at = Some(now + replica.config.retired_grace);
+        }
         let mut silence = replica.config.restart_silence;
         if replica.config.lease_reads {
             silence = silence.max(replica.config.t_elect);
@@ -925,12 +945,22 @@ impl ShardReplica {
 
     /// The next timer and when it is due.
     pub fn poll_timeout(&self) -> Option<(Duration, Timer)> {
-        match (self.election_at, self.heartbeat_at) {
+        let replication = match (self.election_at, self.heartbeat_at) {
             (Some(e), Some(h)) if h <= e => Some((h, Timer::Heartbeat)),
             (Some(e), _) => Some((e, Timer::Election)),
             (None, Some(h)) => Some((h, Timer::Heartbeat)),
             (None, None) => None,
+        };
+        match (replication, self.retire_at) {
+            (Some((at, timer)), Some(retire)) if at <= retire => Some((at, timer)),
+            (_, Some(retire)) => Some((retire, Timer::DropRetired)),
+            (replication, None) => replication,
         }
+    }
+
+    /// Whether this replica is tombstoned and its retired copy is still on the disk.
+    pub fn holds_retired_copy(&self) -> bool {
+        self.durable.tombstone.is_some() && self.retire_at.is_some()
     }
 
     // ---- inputs ----
@@ -980,6 +1010,11 @@ impl ShardReplica {
                 }
             }
             Timer::Heartbeat => self.heartbeat(now),
+            Timer::DropRetired => {
+                if self.retire_at.is_some_and(|at| at <= now) {
+                    self.drop_retired(now);
+                }
+            }
         }
         self.finish(now);
     }
@@ -2150,6 +2185,8 @@ impl ShardReplica {
         };
         self.durable.promised = self.durable.promised.clone().or(tombstone.promised.clone());
         self.durable.tombstone = None;
+        // Its retired copy goes with the empty state installed below.
+        self.retire_at = None;
         self.durable.log.clear();
         self.durable.kv.clear();
         self.durable.applied = 0;
@@ -2809,8 +2846,30 @@ impl ShardReplica {
             self.durable.tombstone = Some(tombstone.clone());
             self.open_batch.push(Change::Tombstone(tombstone));
             self.election_at = None;
+            self.retire(now);
         }
         self.send(from, Message::RemovedOk { b }, true);
+    }
+
+    /// Schedules the deletion of this tombstoned replica's retired copy, or deletes it now
+    /// with a zero grace period.
+    fn retire(&mut self, now: Duration) {
+        if self.config.retired_grace.is_zero() {
+            self.drop_retired(now);
+        } else {
+            self.retire_at = Some(now + self.config.retired_grace);
+        }
+    }
+
+    fn drop_retired(&mut self, now: Duration) {
+        self.retire_at = None;
+        if self.durable.tombstone.is_some() {
+            tracing::debug!(shard = self.shard, "retired copy deleted");
+            self.open_batch.push(Change::DropRetired);
+            if self.open_since.is_none() {
+                self.open_since = Some(now);
+            }
+        }
     }
 
     fn apply_committed(&mut self) {

@@ -5,8 +5,8 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
 use cluster::replica::{
-    BatchId, ClientOp, ClientReply, Config, Durable, Member, MemoryViews, Message, Mutations,
-    Outgoing, ReplicaConfig, RequestTag, ShardReplica, StorageId, VerifyOutcome,
+    BatchId, Change, ClientOp, ClientReply, Config, Durable, Member, MemoryViews, Message,
+    Mutations, Outgoing, ReplicaConfig, RequestTag, ShardReplica, StorageId, VerifyOutcome,
 };
 use rand::rngs::StdRng;
 use rand::{RngExt, SeedableRng};
@@ -39,6 +39,8 @@ pub(crate) struct Group {
     /// Messages to this replica are delivered only every this many milliseconds (a slow but
     /// live follower).
     pub(crate) slow: Option<(usize, u64)>,
+    /// When each replica persisted a `DropRetired` (its retired copy deleted).
+    pub(crate) retired_dropped: Vec<(usize, Duration)>,
     /// Copy verifications decided, by the deciding replica.
     pub(crate) verifications: Vec<(usize, VerifyOutcome)>,
     /// Pairs of replicas whose messages to each other are lost (clients still reach both).
@@ -106,6 +108,7 @@ impl Group {
             slow: None,
             cut: BTreeSet::new(),
             verifications: Vec::new(),
+            retired_dropped: Vec::new(),
         }
     }
 
@@ -118,6 +121,9 @@ impl Group {
             let mut progressed = false;
             while let Some(persist) = replica.poll_persist() {
                 progressed = true;
+                if persist.changes.contains(&Change::DropRetired) {
+                    self.retired_dropped.push((i, self.now));
+                }
                 replica.handle_persisted(self.now, persist.batch);
                 self.saved[i] = replica.durable().clone();
             }
@@ -1033,4 +1039,84 @@ fn a_copy_that_differs_is_removed_and_copied_again() {
         assert_caught_up(&group, 0, 3);
         read_back(&mut group, 0, &acked);
     }
+}
+
+/// A removed replica's target sequence: placement wants n1 n2 n3, so n0 is removed once n3 is
+/// a voter. Runs until n0 is tombstoned; returns when.
+fn remove_n0(group: &mut Group) -> Duration {
+    let target = vec![member(1), member(2), member(3)];
+    for i in 0..4 {
+        let now = group.now;
+        group.replicas[i]
+            .as_mut()
+            .unwrap()
+            .handle_target(now, target.clone());
+    }
+    for _ in 0..30_000 {
+        group.run(Duration::from_millis(1));
+        if durable(group, 0).tombstone.is_some() {
+            return group.now;
+        }
+    }
+    panic!("n0 was never removed; seed {}", group.seed);
+}
+
+/// When replica `i` persisted `DropRetired`s.
+fn retired_dropped(group: &Group, i: usize) -> Vec<Duration> {
+    group
+        .retired_dropped
+        .iter()
+        .filter(|(by, _)| *by == i)
+        .map(|(_, at)| *at)
+        .collect()
+}
+
+/// A replica removed from its shard keeps its retired copy on the disk for `retired_grace`
+/// after its tombstone (and again after a restart), then deletes it; with no grace period the
+/// deletion goes in the tombstone's own batch.
+#[test]
+fn a_removed_replicas_retired_copy_is_deleted_after_the_grace_period() {
+    for grace in [Duration::from_secs(3), Duration::ZERO] {
+        let config = ReplicaConfig {
+            retired_grace: grace,
+            ..ReplicaConfig::default()
+        };
+        let mut group = Group::with_config(3, 1, 7, config);
+        group.run(Duration::from_secs(1));
+        let tombstoned_at = remove_n0(&mut group);
+        assert_eq!(
+            group.replicas[0].as_ref().unwrap().holds_retired_copy(),
+            !grace.is_zero()
+        );
+        group.run(grace + Duration::from_secs(1));
+        let dropped = retired_dropped(&group, 0);
+        assert_eq!(dropped.len(), 1, "grace {grace:?}");
+        assert!(
+            dropped[0] >= tombstoned_at + grace
+                && dropped[0] <= tombstoned_at + grace + Duration::from_millis(2),
+            "grace {grace:?}: tombstoned at {tombstoned_at:?}, dropped at {:?}",
+            dropped[0]
+        );
+        assert!(!group.replicas[0].as_ref().unwrap().holds_retired_copy());
+    }
+    // A restart starts the grace period again.
+    let config = ReplicaConfig {
+        retired_grace: Duration::from_secs(3),
+        ..ReplicaConfig::default()
+    };
+    let mut group = Group::with_config(3, 1, 7, config);
+    group.run(Duration::from_secs(1));
+    remove_n0(&mut group);
+    group.run(Duration::from_secs(2));
+    group.crash(0);
+    group.restart(0);
+    let restarted_at = group.now;
+    assert!(group.replicas[0].as_ref().unwrap().holds_retired_copy());
+    group.run(Duration::from_secs(4));
+    let dropped = retired_dropped(&group, 0);
+    assert_eq!(dropped.len(), 1);
+    assert!(
+        dropped[0] >= restarted_at + Duration::from_secs(3),
+        "{dropped:?}, restarted at {restarted_at:?}"
+    );
 }

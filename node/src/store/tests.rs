@@ -139,6 +139,7 @@ enum Kind {
     Compact,
     Install,
     Tombstone,
+    DropRetired,
     Promise,
 }
 
@@ -151,6 +152,7 @@ fn kind_of(step: Step) -> Kind {
         9 | 10 => Kind::Compact,
         11 => Kind::Install,
         12 => Kind::Tombstone,
+        13 => Kind::DropRetired,
         _ => Kind::Promise,
     }
 }
@@ -274,6 +276,10 @@ fn valid_change(durable: &mut Durable, next_ballot: &mut u64, step: Step) -> Opt
                 config: durable.active_config().clone(),
             })
         }
+        Kind::DropRetired => {
+            durable.tombstone.as_ref()?;
+            Change::DropRetired
+        }
         Kind::Promise => {
             *next_ballot += 1 + x % 3;
             Change::Promised(ballot(*next_ballot))
@@ -359,6 +365,74 @@ proptest! {
         model.fold();
         prop_assert_eq!(&reopened, &model.shards);
     }
+}
+
+/// A tombstone keeps the shard's key-value rows on the disk as its retired copy (a reopen does
+/// not load them: the replica's state is empty), and `DropRetired` deletes them; the other
+/// shards' rows are untouched.
+#[test]
+fn a_retired_copy_stays_on_the_disk_until_dropped() {
+    let put = |index: u64, key: &[u8]| Entry {
+        ballot: ballot(1),
+        index,
+        op: Op::Put {
+            key: key.to_vec(),
+            value: b"v".to_vec(),
+        },
+        tag: None,
+    };
+    let applied = |index: u64, key: &[u8]| Change::Applied {
+        index,
+        writes: vec![(key.to_vec(), Some(b"v".to_vec()))],
+    };
+    let rows = |store: &Store, shard: u16| {
+        let txn = store.folder.db.begin_read().unwrap();
+        let kv = txn.open_table(KV).unwrap();
+        kv.range::<(u16, &[u8])>(kv_range(shard)).unwrap().count()
+    };
+    let dir = TempDir::new("retired");
+    let mut store = Store::open(&dir.db()).unwrap().store;
+    for shard in [1, 2] {
+        let changes = vec![
+            Change::Append(vec![put(1, b"a"), put(2, b"b")]),
+            applied(1, b"a"),
+            applied(2, b"b"),
+        ];
+        store
+            .commit(&host_persist(u64::from(shard), vec![(shard, changes)]))
+            .unwrap();
+    }
+    let tombstone = Change::Tombstone(Tombstone {
+        promised: None,
+        last: Pos {
+            ballot: Some(ballot(1)),
+            index: 2,
+        },
+        config: config(2),
+    });
+    store
+        .commit(&host_persist(3, vec![(1, vec![tombstone])]))
+        .unwrap();
+    store.fold().unwrap();
+    assert_eq!(
+        (rows(&store, 1), rows(&store, 2)),
+        (2, 2),
+        "kept as the retired copy"
+    );
+    drop(store);
+    let opened = reopen(&dir.db());
+    assert!(opened.shards[&1].tombstone.is_some());
+    assert!(
+        opened.shards[&1].kv.is_empty(),
+        "not loaded into the replica's state"
+    );
+    assert_eq!(opened.shards[&2].kv.len(), 2);
+    let mut store = opened.store;
+    store
+        .commit(&host_persist(4, vec![(1, vec![Change::DropRetired])]))
+        .unwrap();
+    store.fold().unwrap();
+    assert_eq!((rows(&store, 1), rows(&store, 2)), (0, 2), "dropped");
 }
 
 /// Changes the protocol never makes still follow `apply_change` exactly: truncating below the

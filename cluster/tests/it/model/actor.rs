@@ -185,6 +185,8 @@ fn replica_config(knobs: Knobs) -> ReplicaConfig {
         // Copy verification removes only copies that differ, which the protocol never makes:
         // its messages would only split states.
         verify_copies: false,
+        // The retired copy is disk space, not protocol state: gone with the tombstone.
+        retired_grace: Duration::ZERO,
         ..ReplicaConfig::default()
     }
 }
