@@ -439,7 +439,7 @@ pub struct Leader {
     /// Writes held during a handoff, never appended.
     held: Vec<(RequestTag, Op)>,
     /// Members a committed config dropped, told `Removed` until they acknowledge (R8).
-    removing: BTreeMap<NodeId, (Member, Pos, Config)>,
+    removing: BTreeMap<NodeId, Removing>,
     /// The promises counted to open `b` (R2.3), kept to be inspected.
     promisers: Vec<Member>,
     /// Heartbeating slowly (see `ReplicaConfig::idle_heartbeat`).
@@ -470,6 +470,16 @@ pub struct Leader {
     /// (voters promise it at once), so no lease holds for the rest of the ballot, even if the
     /// handoff times out.
     lease_forfeited: bool,
+}
+
+/// A member a committed config dropped, told `Removed` until it acknowledges (R8).
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+struct Removing {
+    member: Member,
+    config_pos: Pos,
+    config: Config,
+    /// Its `matched` when the config committed.
+    matched: u64,
 }
 
 /// A copy verification in progress at a leader.
@@ -1199,7 +1209,8 @@ impl ShardReplica {
                 b,
                 config_pos,
                 config,
-            } => self.on_removed(now, from, b, config_pos, config),
+                matched,
+            } => self.on_removed(now, from, b, config_pos, config, matched),
             Message::RemovedOk { b } => {
                 if let Role::Leader(leader) = &mut self.role
                     && leader.b == b
@@ -2462,8 +2473,9 @@ impl ShardReplica {
         self.note_removals(self.durable.base.pos.index);
         let active = active(&self.durable, self.config_at).clone();
         if let Role::Leader(leader) = &mut self.role {
-            leader.removing.retain(|_, (member, _, _)| {
-                !active.voters.contains(member) && !active.learners.contains(member)
+            leader.removing.retain(|_, removing| {
+                !active.voters.contains(&removing.member)
+                    && !active.learners.contains(&removing.member)
             });
         }
     }
@@ -2486,10 +2498,17 @@ impl ShardReplica {
             }
         }
         if let Role::Leader(leader) = &mut self.role {
-            for (member, pos, config) in removed {
+            for (member, config_pos, config) in removed {
+                let matched = leader.matched.get(&member.node).copied().unwrap_or(0);
+                let removing = Removing {
+                    member,
+                    config_pos,
+                    config,
+                    matched,
+                };
                 leader
                     .removing
-                    .insert(member.node.clone(), (member, pos, config));
+                    .insert(removing.member.node.clone(), removing);
             }
         }
     }
@@ -2829,11 +2848,23 @@ impl ShardReplica {
         b: Ballot,
         config_pos: Pos,
         config: Config,
+        matched: u64,
     ) {
         if config.voters.contains(&self.me) || config.learners.contains(&self.me) {
             return;
         }
         if self.durable.tombstone.is_none() {
+            // The entries known committed here: up to the removing config if this log holds
+            // it (Log Matching), or up to where the remover last saw this log match its own,
+            // if no other leader has written here since (still at its ballot).
+            let committed = if self.durable.pos_at(config_pos.index) == Some(config_pos.clone()) {
+                config_pos.index
+            } else if self.durable.promised.as_ref() == Some(&b) {
+                matched.min(config_pos.index)
+            } else {
+                0
+            };
+            self.decide_undecided_upto(committed);
             let tombstone = Tombstone {
                 promised: self.durable.promised.clone(),
                 last: self.durable.last().max(config_pos),
@@ -2849,6 +2880,32 @@ impl ShardReplica {
             self.retire(now);
         }
         self.send(from, Message::RemovedOk { b }, true);
+    }
+
+    /// Answers the undecided writes at indices up to `committed` (known committed here): `Ok`
+    /// where this log holds the write's own entry, else `Indeterminate` (another entry
+    /// committed at its index).
+    fn decide_undecided_upto(&mut self, committed: u64) {
+        let decided: Vec<u64> = self
+            .undecided
+            .range(..=committed)
+            .map(|(i, _)| *i)
+            .collect();
+        for index in decided {
+            let Some((tag, b, _)) = self.undecided.remove(&index) else {
+                continue;
+            };
+            let ours = self
+                .durable
+                .entry(index)
+                .is_some_and(|entry| entry.tag == Some(tag) && entry.ballot == b);
+            let reply = if ours {
+                ClientReply::Ok { value: None }
+            } else {
+                ClientReply::Indeterminate
+            };
+            self.replies.push_back((tag, reply));
+        }
     }
 
     /// Schedules the deletion of this tombstoned replica's retired copy, or deletes it now
@@ -3053,14 +3110,15 @@ impl ShardReplica {
             .removing
             .values()
             // A member SWIM holds down is told once it is back.
-            .filter(|(member, _, _)| !self.dead.contains(&member.node))
-            .map(|(member, pos, config)| {
+            .filter(|removing| !self.dead.contains(&removing.member.node))
+            .map(|removing| {
                 let message = Message::Removed {
                     b: leader.b.clone(),
-                    config_pos: pos.clone(),
-                    config: config.clone(),
+                    config_pos: removing.config_pos.clone(),
+                    config: removing.config.clone(),
+                    matched: removing.matched,
                 };
-                (member.clone(), message)
+                (removing.member.clone(), message)
             })
             .collect();
         for (member, message) in removing {

@@ -266,6 +266,11 @@ pub enum Message {
         config_pos: Pos,
         /// That config.
         config: Config,
+        /// How far the receiver's log was known to match the sender's when that config
+        /// committed (0: unknown). With the receiver still at ballot `b`, its entries up to
+        /// `min(matched, config_pos.index)` are committed: it decides the writes it appended
+        /// as a leader there before it tombstones.
+        matched: u64,
     },
     /// The receiver of `Removed` has durably tombstoned its copy.
     RemovedOk {
