@@ -1265,6 +1265,10 @@ impl ShardReplica {
             self.send(from, Message::Reject { b, reason }, false);
             return;
         }
+        if let Some(removed) = self.removed_by_committed_config(&from) {
+            self.send(from, removed, false);
+            return;
+        }
         if self.durable.log.is_empty() && self.durable.base.config.voters.is_empty() {
             self.send(
                 from,
@@ -1324,6 +1328,37 @@ impl ShardReplica {
         };
         self.send(from, promise, true);
         self.arm_election(now);
+    }
+
+    /// R8 for a member that missed its `Removed`: an established leader whose committed
+    /// config names neither `member` as a voter nor as a learner tells it `Removed` when it
+    /// stands. The config that dropped it may be compacted into this leader's base (a leader
+    /// that got a snapshot), where `note_past_removals` cannot see it, and such a copy would
+    /// otherwise linger, standing in vain, for good.
+    fn removed_by_committed_config(&self, member: &Member) -> Option<Message> {
+        let Role::Leader(leader) = &self.role else {
+            return None;
+        };
+        if !leader.established || self.config_at.is_some_and(|at| at > self.commit) {
+            return None;
+        }
+        let config = active(&self.durable, self.config_at);
+        if member.node == self.me.node || self.is_voter_of(config, member) {
+            return None;
+        }
+        if config.learners.iter().any(|l| self.same_member(l, member)) {
+            return None;
+        }
+        let config_pos = match self.config_at {
+            Some(at) => self.durable.pos_at(at)?,
+            None => self.durable.base.pos.clone(),
+        };
+        Some(Message::Removed {
+            b: leader.b.clone(),
+            config_pos,
+            config: config.clone(),
+            matched: 0,
+        })
     }
 
     /// The leader heard from within `T_elect` (a leader has heard itself).

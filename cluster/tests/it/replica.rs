@@ -1120,3 +1120,59 @@ fn a_removed_replicas_retired_copy_is_deleted_after_the_grace_period() {
         "{dropped:?}, restarted at {restarted_at:?}"
     );
 }
+
+/// A voter removed while it was down, whose `Removed` its remover never got to send (it lost
+/// its leadership) and whose removing config every later leader has compacted into its base
+/// (so `note_past_removals` cannot see it), stands when it comes back: the leader, whose
+/// committed config does not name it, tells it `Removed`, and its copy is tombstoned instead
+/// of lingering.
+#[test]
+fn a_removed_voter_that_missed_its_removal_is_told_when_it_stands() {
+    for seed in seeds(10) {
+        let replay = format!(
+            "replay: SLOTRING_SEED={seed} cargo test -p cluster --test it replica::a_removed_voter"
+        );
+        let mut group = Group::with_config(3, 1, seed, snapshot_config());
+        group.run(Duration::from_secs(1));
+        assert_eq!(group.leader(), Some(0), "{replay}");
+        write_keys(&mut group, 0, 0..10);
+        group.crash(2);
+        // Placement now wants n0 n1 n3: n3 is added, promoted, and n2 (down) removed.
+        let target = vec![member(0), member(1), member(3)];
+        for i in [0, 1, 3] {
+            let now = group.now;
+            group.replicas[i]
+                .as_mut()
+                .unwrap()
+                .handle_target(now, target.clone());
+        }
+        for _ in 0..10_000 {
+            group.run(Duration::from_millis(1));
+            let config = durable(&group, 0).active_config();
+            if config.voters.len() == 3 && !config.voters.contains(&member(2)) {
+                break;
+            }
+        }
+        let config = durable(&group, 0).active_config().clone();
+        assert!(!config.voters.contains(&member(2)), "{config:?}; {replay}");
+        // Enough writes that every log compacts past the removing config, then the leader
+        // that removed n2 (and would tell it) dies; the next one never saw that config.
+        write_keys(&mut group, 0, 10..60);
+        group.crash(0);
+        group.run(Duration::from_secs(2));
+        let leader = group.leader().expect("a new leader");
+        assert!(
+            durable(&group, leader).base.pos.index > 20,
+            "the new leader compacted its log; {replay}"
+        );
+        group.restart(0);
+        group.restart(2);
+        assert!(durable(&group, 2).tombstone.is_none());
+        group.run(Duration::from_secs(5));
+        assert!(
+            durable(&group, 2).tombstone.is_some(),
+            "n2's copy lingers: {:?}; {replay}",
+            durable(&group, 2).active_config()
+        );
+    }
+}
