@@ -2822,6 +2822,9 @@ impl ShardReplica {
     /// Verifications that waited [`VERIFY_PATIENCE`]: asked again (the member may have been
     /// down, or the message lost), or given up; those of members no longer in the config end.
     fn expire_verifications(&mut self, now: Duration) {
+        if !matches!(&self.role, Role::Leader(leader) if !leader.verifying.is_empty()) {
+            return; // Every heartbeat of every shard comes here: nothing to copy then.
+        }
         let active = active(&self.durable, self.config_at).clone();
         let Role::Leader(leader) = &mut self.role else {
             return;

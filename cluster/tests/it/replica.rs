@@ -190,6 +190,16 @@ impl Group {
         ));
     }
 
+    /// Hands placement's `target` to every replica that is up.
+    pub(crate) fn handle_target(&mut self, target: &[Member]) {
+        for replica in self.replicas.iter_mut().flatten() {
+            replica.handle_target(self.now, target.to_vec());
+        }
+        for i in 0..self.replicas.len() {
+            self.drain(i);
+        }
+    }
+
     pub(crate) fn client(&mut self, i: usize, tag: RequestTag, op: ClientOp) {
         if let Some(replica) = self.replicas[i].as_mut() {
             replica.handle_client(self.now, tag, op);
@@ -1044,14 +1054,7 @@ fn a_copy_that_differs_is_removed_and_copied_again() {
 /// A removed replica's target sequence: placement wants n1 n2 n3, so n0 is removed once n3 is
 /// a voter. Runs until n0 is tombstoned; returns when.
 fn remove_n0(group: &mut Group) -> Duration {
-    let target = vec![member(1), member(2), member(3)];
-    for i in 0..4 {
-        let now = group.now;
-        group.replicas[i]
-            .as_mut()
-            .unwrap()
-            .handle_target(now, target.clone());
-    }
+    group.handle_target(&[member(1), member(2), member(3)]);
     for _ in 0..30_000 {
         group.run(Duration::from_millis(1));
         if durable(group, 0).tombstone.is_some() {
@@ -1138,14 +1141,7 @@ fn a_removed_voter_that_missed_its_removal_is_told_when_it_stands() {
         write_keys(&mut group, 0, 0..10);
         group.crash(2);
         // Placement now wants n0 n1 n3: n3 is added, promoted, and n2 (down) removed.
-        let target = vec![member(0), member(1), member(3)];
-        for i in [0, 1, 3] {
-            let now = group.now;
-            group.replicas[i]
-                .as_mut()
-                .unwrap()
-                .handle_target(now, target.clone());
-        }
+        group.handle_target(&[member(0), member(1), member(3)]);
         for _ in 0..10_000 {
             group.run(Duration::from_millis(1));
             let config = durable(&group, 0).active_config();
