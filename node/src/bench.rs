@@ -6,7 +6,8 @@
 //! a `put` of `--value-size` bytes. It reports operations per second, latency percentiles of
 //! the successful operations (from a fixed-size log-linear histogram, at most 1/64 above the
 //! true value), and counts of ok / unavailable / indeterminate / other outcomes, for writes and
-//! reads separately.
+//! reads separately; then how many operations needed more than one attempt (the client library
+//! follows `moved` and retries what was never appended), their latency, and why.
 //!
 //! What it deliberately does not do: no connection per client (every loop shares the
 //! endpoint's one QUIC connection per node, with one stream per request, so `--clients` and
@@ -30,7 +31,7 @@ use rand::rngs::StdRng;
 use rand::{RngExt as _, SeedableRng};
 use serde_json::{Value, json};
 
-use crate::client::{KvClient, KvError};
+use crate::client::{KvClient, KvError, Retries};
 use crate::{Output, QueryArgs};
 
 /// The largest value the bench writes; the node's own limit is 1 MiB.
@@ -353,10 +354,48 @@ impl Kind {
     }
 }
 
+/// The operations that took more than one attempt, whatever their outcome.
+struct RetryTally {
+    /// Their latencies, successful or not.
+    latency: Histogram,
+    moved: AtomicU64,
+    unavailable: AtomicU64,
+    overloaded: AtomicU64,
+    unsent: AtomicU64,
+}
+
+impl RetryTally {
+    fn new() -> Self {
+        RetryTally {
+            latency: Histogram::new(),
+            moved: AtomicU64::new(0),
+            unavailable: AtomicU64::new(0),
+            overloaded: AtomicU64::new(0),
+            unsent: AtomicU64::new(0),
+        }
+    }
+
+    fn record(&self, retries: Retries, micros: u64) {
+        if retries.total() == 0 {
+            return;
+        }
+        self.latency.record(micros);
+        for (counter, count) in [
+            (&self.moved, retries.moved),
+            (&self.unavailable, retries.unavailable),
+            (&self.overloaded, retries.overloaded),
+            (&self.unsent, retries.unsent),
+        ] {
+            counter.fetch_add(u64::from(count), Ordering::Relaxed);
+        }
+    }
+}
+
 /// Everything the loops count.
 struct Tally {
     writes: Kind,
     reads: Kind,
+    retried: RetryTally,
     /// The first error seen, for the report.
     first_error: Mutex<Option<String>>,
 }
@@ -482,6 +521,7 @@ pub(crate) async fn run(args: &BenchArgs) -> Result<ExitCode> {
     let tally = Arc::new(Tally {
         writes: Kind::new(),
         reads: Kind::new(),
+        retried: RetryTally::new(),
         first_error: Mutex::new(None),
     });
     let start = Instant::now();
@@ -523,8 +563,12 @@ pub(crate) async fn run(args: &BenchArgs) -> Result<ExitCode> {
                     }
                 };
                 // Paced: from when it was due; otherwise `due` is when the loop got to it.
-                let outcome = kv.execute(op, Instant::now() + timeout).await;
+                let mut retries = Retries::default();
+                let outcome = kv
+                    .execute_counted(op, Instant::now() + timeout, &mut retries)
+                    .await;
                 let micros = u64::try_from(due.elapsed().as_micros()).unwrap_or(u64::MAX);
+                tally.retried.record(retries, micros);
                 tally.record(read, outcome, micros);
             }
         });
@@ -697,11 +741,73 @@ impl Row {
     }
 }
 
+/// The operations that needed more than one attempt (see [`Retries`]).
+struct Retried {
+    /// Their latencies, successful or not.
+    latency: Snapshot,
+    moved: u64,
+    unavailable: u64,
+    overloaded: u64,
+    unsent: u64,
+}
+
+impl Retried {
+    fn of(tally: &RetryTally) -> Retried {
+        Retried {
+            latency: tally.latency.snapshot(),
+            moved: tally.moved.load(Ordering::Relaxed),
+            unavailable: tally.unavailable.load(Ordering::Relaxed),
+            overloaded: tally.overloaded.load(Ordering::Relaxed),
+            unsent: tally.unsent.load(Ordering::Relaxed),
+        }
+    }
+
+    fn ms(&self, q: f64) -> Option<f64> {
+        self.latency.quantile(q).map(|us| us as f64 / 1000.0)
+    }
+
+    fn json(&self) -> Value {
+        json!({
+            "ops": self.latency.total(),
+            "attempts": {
+                "moved": self.moved,
+                "unavailable": self.unavailable,
+                "overloaded": self.overloaded,
+                "unsent": self.unsent,
+            },
+            "latency_ms": {
+                "p50": self.ms(0.5),
+                "p99": self.ms(0.99),
+                "max": (self.latency.total() > 0).then(|| self.latency.max as f64 / 1000.0),
+            },
+        })
+    }
+
+    /// One line for people, or nothing when every operation took one attempt.
+    fn text(&self) -> Option<String> {
+        let ops = self.latency.total();
+        let ms = |v: Option<f64>| v.map_or_else(|| "-".to_owned(), |v| format!("{v:.2}"));
+        (ops > 0).then(|| {
+            format!(
+                "retried: {ops} operations took more than one attempt (p50 {} ms, p99 {} ms); \
+                 extra attempts after moved {}, unavailable {}, overloaded {}, unsent {}\n",
+                ms(self.ms(0.5)),
+                ms(self.ms(0.99)),
+                self.moved,
+                self.unavailable,
+                self.overloaded,
+                self.unsent,
+            )
+        })
+    }
+}
+
 struct Report {
     plan: Plan,
     addr: std::net::SocketAddr,
     elapsed: Duration,
     rows: Vec<Row>,
+    retried: Retried,
     first_error: Option<String>,
 }
 
@@ -723,6 +829,7 @@ impl Report {
             addr: query.addr,
             elapsed,
             rows,
+            retried: Retried::of(&tally.retried),
             first_error: tally
                 .first_error
                 .lock()
@@ -751,6 +858,7 @@ impl Report {
             "rate": plan.rate,
             "elapsed_s": self.secs(),
             "first_error": self.first_error,
+            "retried": self.retried.json(),
         });
         match plan.stop {
             Stop::After(d) => answer["duration_s"] = json!(d.as_secs_f64()),
@@ -815,6 +923,9 @@ impl Report {
             self.addr,
         );
         out.push_str(&crate::cli::table(&rows));
+        if let Some(line) = self.retried.text() {
+            out.push_str(&line);
+        }
         if let Some(error) = &self.first_error {
             out.push_str(&format!("first error: {error}\n"));
         }

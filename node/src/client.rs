@@ -119,6 +119,27 @@ struct Routes {
     checking: HashSet<SocketAddr>,
 }
 
+/// Why one operation was sent more than once: each count is one more attempt.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(crate) struct Retries {
+    /// Answered `moved`: another node leads the shard (a handoff, a failover, a stale route).
+    pub(crate) moved: u32,
+    /// Answered `unavailable`, or `moved` naming no leader (the shard had no leader to name),
+    /// or a read whose leader lost its leadership before it answered.
+    pub(crate) unavailable: u32,
+    /// Answered `overloaded`: the node's backlog of client requests was full.
+    pub(crate) overloaded: u32,
+    /// Never delivered (no connection, or a read that timed out).
+    pub(crate) unsent: u32,
+}
+
+impl Retries {
+    /// Attempts beyond the first.
+    pub(crate) fn total(&self) -> u32 {
+        self.moved + self.unavailable + self.overloaded + self.unsent
+    }
+}
+
 /// Where one operation goes when its leader is silent: the shard's other replicas, in turn.
 #[derive(Default)]
 struct Detour {
@@ -287,6 +308,17 @@ impl KvClient {
         op: ClientOp,
         deadline: Instant,
     ) -> Result<Option<Vec<u8>>, KvError> {
+        let mut retries = Retries::default();
+        self.execute_counted(op, deadline, &mut retries).await
+    }
+
+    /// [`KvClient::execute`], counting in `retries` why attempts were repeated.
+    pub(crate) async fn execute_counted(
+        &self,
+        op: ClientOp,
+        deadline: Instant,
+        retries: &mut Retries,
+    ) -> Result<Option<Vec<u8>>, KvError> {
         let key = match &op {
             ClientOp::Put { key, .. } | ClientOp::Get { key } | ClientOp::Del { key } => {
                 key.clone()
@@ -332,6 +364,7 @@ impl KvClient {
                     Ok(Response::Overloaded { .. }) => {
                         // Not looked at: safe to send again, after a pause.
                         overloaded = true;
+                        retries.overloaded += 1;
                         tokio::time::sleep(
                             backoff.min(deadline.saturating_duration_since(Instant::now())),
                         )
@@ -362,6 +395,7 @@ impl KvClient {
                 Err(error) => {
                     // Never delivered (or a read): ask again where the shard leads.
                     tracing::debug!(%target, %error, "attempt failed");
+                    retries.unsent += 1;
                     self.routes().leaders.remove(&shard);
                     tokio::time::sleep(
                         backoff.min(deadline.saturating_duration_since(Instant::now())),
@@ -386,6 +420,7 @@ impl KvClient {
                     ..
                 } => {
                     moves += 1;
+                    retries.moved += 1;
                     let named = self.resolve(&leader, deadline).await;
                     let steered = match named {
                         Some(addr) => Some(self.steer(shard, addr, &mut detour, deadline).await),
@@ -419,6 +454,7 @@ impl KvClient {
                     // (a leader cut off from its peers steps down, and never hears whom the
                     // majority elected), so ask it again rather than the same target until the
                     // deadline.
+                    retries.unavailable += 1;
                     self.routes().leaders.remove(&shard);
                     tokio::time::sleep(backoff).await;
                     backoff = (backoff * 2).min(Duration::from_millis(200));
@@ -426,7 +462,7 @@ impl KvClient {
                         target = leader;
                     }
                 }
-                ClientReply::Indeterminate if !write => {}
+                ClientReply::Indeterminate if !write => retries.unavailable += 1,
                 ClientReply::Indeterminate => {
                     return Err(KvError::Indeterminate {
                         why: format!("shard {shard}'s leader lost its leadership"),

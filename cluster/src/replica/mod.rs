@@ -1144,6 +1144,9 @@ impl ShardReplica {
         }
         let _ = now;
         self.pump_snapshots(false);
+        // The chunks just read leave now, not with this replica's next handler (a heartbeat
+        // round away for a shard without traffic).
+        self.tag_pending();
     }
 
     /// A message from replica `from`, addressed to `to`.
@@ -1863,6 +1866,20 @@ impl ShardReplica {
         self.serve_reads();
         self.appends_wanted = true;
         self.progress_transfer(now);
+        self.promote_if_learner(now, &from);
+    }
+
+    /// A learner's progress changed: if it caught up, the move goes on now (R5), rather than
+    /// at the next commit or heartbeat round (learners do not count towards commits, so
+    /// nothing else would look at once).
+    fn promote_if_learner(&mut self, now: Duration, from: &Member) {
+        let learner = active(&self.durable, self.config_at)
+            .learners
+            .iter()
+            .any(|learner| self.same_member(learner, from));
+        if learner && self.established_ballot().is_some() {
+            self.reconfigure(now);
+        }
     }
 
     fn on_append_nack(&mut self, now: Duration, from: Member, b: Ballot, reason: NackReason) {
@@ -2154,6 +2171,7 @@ impl ShardReplica {
             }
             self.advance_commit(now);
             self.progress_transfer(now);
+            self.promote_if_learner(now, &from);
         } else if ours && let Some(send) = leader.snapshots.get_mut(&node) {
             // Acknowledgements are cumulative. One below `acked` means the receiver lost its
             // partial copy (a bad chunk, a restart) or is an old one arriving late: resend from
@@ -2296,6 +2314,20 @@ impl ShardReplica {
             incoming.b != b || incoming.base != chunk.base || (chunk.seq == 0 && incoming.next > 0)
         });
         if fresh {
+            if chunk.seq == 1 {
+                // The second chunk overtook the first (a transfer starts with two in flight):
+                // kept for when the first arrives, unanswered, where asking to start over
+                // would, once late, rewind a transfer already under way.
+                self.incoming = Some(SnapshotReceive {
+                    b: b.clone(),
+                    base: chunk.base.clone(),
+                    config: chunk.config.clone(),
+                    next: 0,
+                    kv: BTreeMap::new(),
+                    ahead: Some((chunk.seq, chunk.pairs, chunk.last)),
+                });
+                return;
+            }
             if chunk.seq != 0 {
                 let message = reply(0, false);
                 self.send(from, message, false);
@@ -2361,7 +2393,12 @@ impl ShardReplica {
             config: incoming.config,
         };
         let index = base.pos.index;
-        tracing::debug!(base = index, keys = incoming.kv.len(), "snapshot installed");
+        tracing::debug!(
+            shard = self.shard,
+            base = index,
+            keys = incoming.kv.len(),
+            "snapshot installed"
+        );
         let mut kv = incoming.kv;
         if self.mutations.corrupt_next_install
             && let Some(value) = kv.values_mut().next()
@@ -2619,6 +2656,7 @@ impl ShardReplica {
                 return;
             }
             self.last_handoff = Some(now);
+            tracing::debug!(shard = self.shard, to = %first.node, "handing off");
             let deadline = now + self.config.t_elect;
             if let Role::Leader(leader) = &mut self.role {
                 leader.transfer = Some(Transfer {
@@ -2650,7 +2688,11 @@ impl ShardReplica {
         if next == active {
             return;
         }
-        // A member added (perhaps again, after a removal) starts with no known progress.
+        // A member added (perhaps again, after a removal) starts with no known progress, and
+        // as one that holds nothing: a new node is empty, and a removed one tombstoned its copy
+        // (R8). Its transfer starts now rather than after a probe `Append` and the `AppendNack`
+        // that answers it from behind the member's group commit; a member that does hold the
+        // state answers the snapshot's first chunk "already here" (R6).
         if let Role::Leader(leader) = &mut self.role {
             for added in next
                 .learners
@@ -2681,6 +2723,13 @@ impl ShardReplica {
             op: Op::Config(next.clone()),
             tag: None,
         };
+        tracing::debug!(
+            shard = self.shard,
+            index = entry.index,
+            voters = ?next.voters.iter().map(|v| v.node.as_str()).collect::<Vec<_>>(),
+            learners = ?next.learners.iter().map(|l| l.node.as_str()).collect::<Vec<_>>(),
+            "config change"
+        );
         self.append(vec![entry]);
         self.appends_wanted = true;
         if let Role::Leader(leader) = &mut self.role {

@@ -6,7 +6,8 @@ use std::time::Duration;
 
 use cluster::replica::{
     BatchId, Change, ClientOp, ClientReply, Config, Durable, Member, MemoryViews, Message,
-    Mutations, Outgoing, ReplicaConfig, RequestTag, ShardReplica, StorageId, VerifyOutcome,
+    Mutations, Outgoing, ReplicaConfig, RequestTag, ShardReplica, SnapshotRead, StorageId,
+    VerifyOutcome,
 };
 use rand::rngs::StdRng;
 use rand::{RngExt, SeedableRng};
@@ -45,6 +46,9 @@ pub(crate) struct Group {
     pub(crate) verifications: Vec<(usize, VerifyOutcome)>,
     /// Pairs of replicas whose messages to each other are lost (clients still reach both).
     pub(crate) cut: BTreeSet<(usize, usize)>,
+    /// When set, snapshot reads are kept in `held_reads` instead of answered at once.
+    pub(crate) hold_reads: bool,
+    pub(crate) held_reads: Vec<(usize, SnapshotRead)>,
 }
 
 impl Group {
@@ -109,6 +113,8 @@ impl Group {
             cut: BTreeSet::new(),
             verifications: Vec::new(),
             retired_dropped: Vec::new(),
+            hold_reads: false,
+            held_reads: Vec::new(),
         }
     }
 
@@ -141,6 +147,10 @@ impl Group {
             }
             while let Some(read) = replica.poll_snapshot_read() {
                 progressed = true;
+                if self.hold_reads {
+                    self.held_reads.push((i, read));
+                    continue;
+                }
                 if let Some(reply) = self.views[i].answer(42, Some(&self.saved[i]), read) {
                     replica.handle_snapshot_read(self.now, reply);
                 }
@@ -1169,6 +1179,89 @@ fn a_removed_voter_that_missed_its_removal_is_told_when_it_stands() {
             durable(&group, 2).tombstone.is_some(),
             "n2's copy lingers: {:?}; {replay}",
             durable(&group, 2).active_config()
+        );
+    }
+}
+
+/// A chunk the shell read leaves with the answer that brought it, not with the leader's next
+/// handler of that shard (a heartbeat round later when nothing else happens there).
+#[test]
+fn a_snapshot_chunk_leaves_as_soon_as_it_is_read() {
+    for seed in seeds(10) {
+        let (mut group, _) = grow_to_four(seed);
+        group.hold_reads = true;
+        let deadline = group.now + Duration::from_secs(2);
+        let mut chunks_sent = 0;
+        while chunks_sent < 3 {
+            assert!(
+                group.now < deadline,
+                "{chunks_sent} chunks sent; seed {seed}"
+            );
+            group.run(Duration::from_millis(1));
+            for (i, read) in std::mem::take(&mut group.held_reads) {
+                let chunk = matches!(read, SnapshotRead::Chunk { .. });
+                let saved = group.saved[i].clone();
+                let Some(reply) = group.views[i].answer(42, Some(&saved), read) else {
+                    continue;
+                };
+                let replica = group.replicas[i].as_mut().unwrap();
+                replica.handle_snapshot_read(group.now, reply);
+                if chunk {
+                    let message = replica.poll_message();
+                    assert!(
+                        matches!(
+                            &message,
+                            Some(Outgoing {
+                                message: Message::Snapshot { .. },
+                                ..
+                            })
+                        ),
+                        "the chunk read is sent at once: {message:?}; seed {seed}"
+                    );
+                    chunks_sent += 1;
+                    group.flights.push((replica.me().clone(), message.unwrap()));
+                }
+                group.drain(i);
+            }
+        }
+    }
+}
+
+/// A learner that caught up is promoted by the acknowledgement that shows it (R5), not at the
+/// leader's next commit or heartbeat round: learners do not count towards commits, and a shard
+/// without writes commits nothing else.
+#[test]
+fn a_caught_up_learner_is_promoted_at_once() {
+    for seed in seeds(10) {
+        let mut group = Group::with_spares(3, 1, seed);
+        group.run(Duration::from_secs(1));
+        assert_eq!(group.leader(), Some(0), "seed {seed}");
+        group.client(0, tag(1), put(1));
+        group.run(Duration::from_millis(50));
+        let target: Vec<Member> = (0..4).map(member).collect();
+        group.handle_target(&target);
+        let deadline = group.now + Duration::from_secs(2);
+        let mut caught_up_at = None;
+        loop {
+            assert!(group.now < deadline, "n3 never promoted; seed {seed}");
+            group.run(Duration::from_millis(1));
+            let leader = group.replicas[0].as_ref().unwrap();
+            if caught_up_at.is_none() && leader.matched(&member(3).node) >= Some(leader.commit()) {
+                caught_up_at = Some(group.now);
+            }
+            if durable(&group, 0)
+                .active_config()
+                .voters
+                .contains(&member(3))
+            {
+                break;
+            }
+        }
+        let caught_up_at = caught_up_at.expect("caught up before promoted");
+        assert!(
+            group.now - caught_up_at <= Duration::from_millis(1),
+            "promoted {:?} after it caught up; seed {seed}",
+            group.now - caught_up_at
         );
     }
 }
