@@ -716,7 +716,10 @@ impl Cluster {
                 })
             }
             Request::Members => Response::Members(self.members()),
-            Request::ShardDigests => Response::ShardDigests(self.shard_digests()),
+            Request::ShardDigests { after } => {
+                let (digests, next) = self.shard_digests(after, crate::wire::DIGEST_PAGE_BYTES);
+                Response::ShardDigests { digests, next }
+            }
             Request::Replicate(batch) => {
                 if from != Some(&batch.from.node) {
                     return refuse(

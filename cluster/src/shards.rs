@@ -17,8 +17,8 @@ use topology::NodeId;
 use crate::Error;
 use crate::core::Cluster;
 use crate::replica::{
-    ClientOp, ClientReply, Config, Durable, HostBatchId, HostPersist, Member, RequestTag,
-    ShardHost, SnapshotRead, SnapshotReadReply, StorageId,
+    ClientOp, ClientReply, Config, Durable, HostBatchId, HostPersist, Member, PairHasher,
+    RequestTag, ShardHost, SnapshotRead, SnapshotReadReply, StorageId,
 };
 use crate::wire::{HeldView, MAX_KEY_LEN, ShardDigest};
 
@@ -202,27 +202,41 @@ impl Cluster {
     }
 
     /// Each held replica's applied index and a checksum of its key-value state (tombstoned
-    /// replicas are left out).
-    pub fn shard_digests(&self) -> Vec<ShardDigest> {
-        self.host
+    /// replicas are left out), in shard order, for the shards after `after`: as many as fit
+    /// in `page_bytes` of keys and values (at least one), and where the next page starts
+    /// (`None` when this one holds the last).
+    pub fn shard_digests(
+        &self,
+        after: Option<u16>,
+        page_bytes: usize,
+    ) -> (Vec<ShardDigest>, Option<u16>) {
+        let mut digests: Vec<ShardDigest> = Vec::new();
+        let mut hashed = 0usize;
+        let held = self
+            .host
             .replicas()
-            .filter(|(_, replica)| replica.durable().tombstone.is_none())
-            .map(|(shard, replica)| {
-                let durable = replica.durable();
-                let mut hasher = blake3::Hasher::new();
-                for (key, value) in &durable.kv {
-                    hasher.update(&(key.len() as u64).to_le_bytes());
-                    hasher.update(key);
-                    hasher.update(&(value.len() as u64).to_le_bytes());
-                    hasher.update(value);
-                }
-                ShardDigest {
-                    shard,
-                    applied: durable.applied,
-                    checksum: *hasher.finalize().as_bytes(),
-                }
-            })
-            .collect()
+            .filter(|(shard, _)| after.is_none_or(|after| *shard > after))
+            .filter(|(_, replica)| replica.durable().tombstone.is_none());
+        for (shard, replica) in held {
+            if hashed >= page_bytes
+                && let Some(last) = digests.last()
+            {
+                let next = last.shard;
+                return (digests, Some(next));
+            }
+            let durable = replica.durable();
+            let mut hasher = PairHasher::new(blake3::Hasher::new());
+            for (key, value) in &durable.kv {
+                hasher.pair(key, value);
+                hashed += key.len() + value.len();
+            }
+            digests.push(ShardDigest {
+                shard,
+                applied: durable.applied,
+                checksum: *hasher.into_hasher().finalize().as_bytes(),
+            });
+        }
+        (digests, None)
     }
 
     /// Every shard replica this node holds.

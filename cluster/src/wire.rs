@@ -16,7 +16,7 @@ use topology::NodeId;
 
 /// The version every frame starts with; a peer speaking another one is refused with
 /// [`Error::WireVersion`].
-pub const WIRE_VERSION: u16 = 2;
+pub const WIRE_VERSION: u16 = 3;
 
 /// The tag byte of a datagram that carries a SWIM (foca) packet.
 pub const DATAGRAM_SWIM: u8 = 1;
@@ -103,8 +103,13 @@ pub enum Request {
     },
     /// CLI: the membership list.
     Members,
-    /// CLI: every shard replica the answering node holds, with a checksum of its state.
-    ShardDigests,
+    /// CLI: the shard replicas the answering node holds after shard `after` (all with
+    /// `None`), with a checksum of each one's state, a page at a time (see
+    /// [`Response::ShardDigests`]).
+    ShardDigests {
+        /// Where the previous page ended.
+        after: Option<u16>,
+    },
     /// A node's replication messages for the answering node (one frame, batched per peer).
     Replicate(crate::replica::PeerBatch),
     /// A client operation on one key; answered with [`Response::Client`] once the shard's
@@ -162,8 +167,16 @@ pub enum Response {
     Ring(RingView),
     /// The answer to [`Request::Client`].
     Client(crate::replica::ClientReply),
-    /// The answer to [`Request::ShardDigests`].
-    ShardDigests(Vec<ShardDigest>),
+    /// The answer to [`Request::ShardDigests`]: digests in shard order, of at most
+    /// [`DIGEST_PAGE_BYTES`] of state (at least one shard), so that answering never holds
+    /// the node's loop for long (hashing all of a node's 100 MB at once stalled it longer
+    /// than an election timeout).
+    ShardDigests {
+        /// This page's digests.
+        digests: Vec<ShardDigest>,
+        /// Ask again with this as `after` for the next page; `None`: that was the last.
+        next: Option<u16>,
+    },
     /// The answer to [`Request::Decommission`]: the node is draining; this is what it holds
     /// now (it leaves when that is nothing).
     Decommissioning(HeldView),
@@ -238,6 +251,10 @@ impl std::ops::Add for CopyProgress {
         }
     }
 }
+
+/// The most key and value bytes one [`Response::ShardDigests`] page hashes (a few
+/// milliseconds of the answering node's loop).
+pub const DIGEST_PAGE_BYTES: usize = 4 << 20;
 
 /// One replica's state in brief, for comparing replicas (`node check`).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]

@@ -625,21 +625,45 @@ pub(crate) async fn check(query: &QueryArgs) -> Result<ExitCode> {
     // Replica checksums: replicas of a shard at the same applied index must hold the same state.
     let mut replicas: BTreeMap<u16, Vec<(String, u64, [u8; 32])>> = BTreeMap::new();
     for node in &live {
-        match ask(&endpoint, node.member.addr, &Request::ShardDigests, query).await {
-            Ok(Response::ShardDigests(digests)) => {
-                for digest in digests {
-                    replicas.entry(digest.shard).or_default().push((
-                        node.member.id.to_string(),
-                        digest.applied,
-                        digest.checksum,
+        // A page at a time, so that no answer holds the node's loop for long.
+        let mut after = None;
+        loop {
+            let request = Request::ShardDigests { after };
+            match ask(&endpoint, node.member.addr, &request, query).await {
+                Ok(Response::ShardDigests { digests, next }) => {
+                    for digest in digests {
+                        replicas.entry(digest.shard).or_default().push((
+                            node.member.id.to_string(),
+                            digest.applied,
+                            digest.checksum,
+                        ));
+                    }
+                    match next {
+                        Some(next) if after.is_none_or(|after| next > after) => {
+                            after = Some(next);
+                        }
+                        Some(_) => {
+                            checks.push((
+                                false,
+                                format!("{} paged its digests backwards", node.member.id),
+                            ));
+                            break;
+                        }
+                        None => break,
+                    }
+                }
+                Ok(_) => {
+                    checks.push((false, format!("{} answered digests oddly", node.member.id)));
+                    break;
+                }
+                Err(error) => {
+                    checks.push((
+                        false,
+                        format!("{} gave no shard digests: {error:#}", node.member.id),
                     ));
+                    break;
                 }
             }
-            Ok(_) => checks.push((false, format!("{} answered digests oddly", node.member.id))),
-            Err(error) => checks.push((
-                false,
-                format!("{} gave no shard digests: {error:#}", node.member.id),
-            )),
         }
     }
     let (mut compared, mut mismatched) = (0, Vec::new());

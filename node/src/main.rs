@@ -75,7 +75,7 @@ pub(crate) struct DaemonArgs {
     pub(crate) join_timeout: u64,
     /// The most shards this node's leaders move at once (a join or leave queues the rest), so
     /// that foreground latency holds during moves.
-    #[arg(long, env = "SLOTRING_MAX_MOVES", default_value_t = 8, value_parser = clap::value_parser!(u32).range(1..=65536))]
+    #[arg(long, env = "SLOTRING_MAX_MOVES", default_value_t = 4, value_parser = clap::value_parser!(u32).range(1..=65536))]
     pub(crate) max_moves: u32,
     /// The most MiB of snapshot data per second this node's leaders send for moves, all
     /// together; 0 (the default) is no limit.

@@ -21,7 +21,7 @@
 # scripts/bench/results/join_vs_redis-DATE-HHMM.txt. Installs redis with apt-get if missing.
 #
 # usage: scripts/bench/join_vs_redis.sh
-#        KEYS=1000000 RATE=2000 SLOTRING_MAX_MOVES=8 SLOTRING_BASE_PORT=7600 REDIS_BENCH_PORT=7700
+#        KEYS=1000000 RATE=2000 SLOTRING_MAX_MOVES=4 SLOTRING_BASE_PORT=7600 REDIS_BENCH_PORT=7700
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 ROOT=$PWD
@@ -73,7 +73,7 @@ secs_since() { awk -v a="$1" -v b="$(now)" 'BEGIN { printf "%.3f", b - a }'; }
 json_field() { python3 -c "import json, sys; d = json.load(open(sys.argv[1])); print($2)" "$1"; }
 
 : >"$OUT"
-log "join_vs_redis: $(date -Is), keys=$KEYS value=${VALUE}B paced writer=${RATE}/s max moves=${SLOTRING_MAX_MOVES:-8}"
+log "join_vs_redis: $(date -Is), keys=$KEYS value=${VALUE}B paced writer=${RATE}/s max moves=${SLOTRING_MAX_MOVES:-4}"
 log "machine: $(nproc) cores, $(lscpu | sed -n 's/^Model name: *//p'), $(free -g | awk '/^Mem:/ {print $2}') GiB"
 log "load at start: $(cut -d' ' -f1-3 /proc/loadavg)"
 

@@ -26,7 +26,7 @@ use topology::NodeId;
 pub use self::host::{FRAME_BUDGET, HostBatchId, HostPersist, MoveChange, PeerBatch, ShardHost};
 pub use self::snapshot::{MemoryViews, Pairs, SnapshotRead, SnapshotReadReply, ViewId};
 pub use self::types::{
-    Ballot, ClientOp, ClientReply, Config, Entry, Member, Message, NackReason, Op, Pos,
+    Ballot, ClientOp, ClientReply, Config, Entry, Member, Message, NackReason, Op, PairHasher, Pos,
     RejectReason, RequestTag, StorageId, VerifyOutcome, copy_checksums, snapshot_digest,
 };
 
@@ -81,9 +81,10 @@ pub struct ReplicaConfig {
     /// The most shards one node's leaders move at once (`ShardHost`): a target that changes a
     /// leader's voters is handed over only while fewer shards it leads are moving, the others
     /// wait in shard order, so a join or a leave never floods the disks and the network that
-    /// foreground traffic needs. At least 1. Default 8: on 2 cores running 4 nodes, a join
-    /// of 757k keys took 19 s, 9 s and 5 s with 4, 8 and 32, while a 2,000 writes/s
-    /// foreground p99 went from about 10 ms idle to 41 ms, 170 ms and 762 ms.
+    /// foreground traffic needs. At least 1. Default 4: on 2 cores running 4 nodes, a join
+    /// of 757k keys took 11.3 s, 7.6 s and 5.5 s with 2, 4 and 8, while a 2,000 writes/s
+    /// foreground p99 went from 6–12 ms idle to 35–38 ms, 55–58 ms and 113–133 ms
+    /// (BENCHMARKS.md, issue 6, session 16).
     pub max_moves: usize,
     /// The most snapshot bytes (keys and values) one node's leaders read for their moves per
     /// second, all moves together (`ShardHost`); 0 is no limit. A chunk is read only while
@@ -134,7 +135,7 @@ impl Default for ReplicaConfig {
             snapshot_chunk_bytes: 1 << 20,
             min_voters: 3,
             idle_heartbeat: Duration::from_secs(1),
-            max_moves: 8,
+            max_moves: 4,
             move_bytes_per_sec: 0,
             lease_reads: false,
             restart_silence: Duration::ZERO,

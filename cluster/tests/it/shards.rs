@@ -308,3 +308,43 @@ fn a_decommissioned_node_hands_every_replica_over_then_leaves() {
         }
     }
 }
+
+/// `node check`'s digests come a page at a time: the pages, asked in turn, hold every held
+/// shard once, in order, with the digests of one whole answer; a page stops once it hashed
+/// its byte budget (a shard larger than the budget is a page of its own).
+#[test]
+fn shard_digests_page_through_every_shard_once() {
+    for seed in seeds(2) {
+        let mut net = three_nodes(seed);
+        for key in 0..40u32 {
+            let put = ClientOp::Put {
+                key: format!("key-{key}").into_bytes(),
+                value: vec![b'v'; 100],
+            };
+            execute(&mut net, 0, 1, put);
+        }
+        net.run_until(net.now + Duration::from_millis(200));
+        let (whole, next) = net.core(0).shard_digests(None, usize::MAX);
+        assert_eq!(next, None, "seed {seed}");
+        assert_eq!(whole.len(), SHARDS as usize, "seed {seed}");
+        let budget = 250; // About two keys and values.
+        let mut paged = Vec::new();
+        let mut after = None;
+        let mut pages = 0;
+        loop {
+            let (page, next) = net.core(0).shard_digests(after, budget);
+            assert!(!page.is_empty(), "seed {seed}");
+            pages += 1;
+            paged.extend(page);
+            match next {
+                Some(next) => {
+                    assert!(after.is_none_or(|after| next > after), "seed {seed}");
+                    after = Some(next);
+                }
+                None => break,
+            }
+        }
+        assert_eq!(paged, whole, "seed {seed}");
+        assert!(pages > 5, "{pages} pages; seed {seed}");
+    }
+}
