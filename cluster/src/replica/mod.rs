@@ -2315,26 +2315,12 @@ impl ShardReplica {
             incoming.b != b || incoming.base != chunk.base || (chunk.seq == 0 && incoming.next > 0)
         });
         if fresh {
-            if chunk.seq == 1 {
-                // The second chunk overtook the first (a transfer starts with two in flight):
-                // kept for when the first arrives, unanswered, where asking to start over
-                // would, once late, rewind a transfer already under way.
-                self.incoming = Some(SnapshotReceive {
-                    b: b.clone(),
-                    base: chunk.base.clone(),
-                    config: chunk.config.clone(),
-                    next: 0,
-                    kv: BTreeMap::new(),
-                    ahead: Some((chunk.seq, chunk.pairs, chunk.last)),
-                });
-                return;
-            }
-            if chunk.seq != 0 {
+            if chunk.seq > 1 {
                 let message = reply(0, false);
                 self.send(from, message, false);
                 return;
             }
-            self.incoming = Some(SnapshotReceive {
+            let incoming = self.incoming.insert(SnapshotReceive {
                 b: b.clone(),
                 base: chunk.base.clone(),
                 config: chunk.config.clone(),
@@ -2342,6 +2328,13 @@ impl ShardReplica {
                 kv: BTreeMap::new(),
                 ahead: None,
             });
+            if chunk.seq == 1 {
+                // The second chunk overtook the first (a transfer starts with two in flight):
+                // kept for when the first arrives, unanswered, where asking to start over
+                // would, once late, rewind a transfer already under way.
+                incoming.ahead = Some((chunk.seq, chunk.pairs, chunk.last));
+                return;
+            }
         }
         let Some(incoming) = self.incoming.as_mut() else {
             return;
