@@ -43,6 +43,11 @@ const MAX_CLIENT_BACKLOG: usize = 1024;
 const CLIENT_ANSWER_PATIENCE: Duration = Duration::from_secs(60);
 /// How long a graceful leave waits for its notices to be acknowledged.
 const LEAVE_GRACE: Duration = Duration::from_millis(1500);
+/// A turn of the loop (one input handled, then everything it caused carried out) longer than
+/// this is logged as a warning, at most once a second (with how many there were): while it
+/// runs no heartbeat leaves and nothing is read, and a turn near the election timeout (300 ms)
+/// costs leaderships.
+const SLOW_TURN: Duration = Duration::from_millis(50);
 
 /// A queue with a fixed capacity that refuses, rather than grows, when full.
 #[derive(Debug)]
@@ -604,8 +609,24 @@ impl NodeLoop {
         retry.tick().await;
         let mut moves = tokio::time::interval(MOVES_CHECK_EVERY);
         moves.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        // The turn in progress: when it started and what it handles; slow turns not yet
+        // reported, and when the last report was.
+        let mut turn: Option<(Instant, &'static str)> = None;
+        let mut slow_turns = 0u64;
+        let mut slow_reported: Option<Instant> = None;
         loop {
             self.drain()?;
+            if let Some((started, what)) = turn.take()
+                && started.elapsed() > SLOW_TURN
+            {
+                slow_turns += 1;
+                if slow_reported.is_none_or(|at| at.elapsed() >= Duration::from_secs(1)) {
+                    let ms = u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX);
+                    warn!(ms, what, slow_turns, "slow event loop turn");
+                    slow_reported = Some(Instant::now());
+                    slow_turns = 0;
+                }
+            }
             let wake = self
                 .core
                 .poll_timeout()
@@ -616,10 +637,12 @@ impl NodeLoop {
                 _ = terminate.recv() => break,
                 _ = interrupt.recv() => break,
                 _ = retry.tick() => {
+                    turn = Some((Instant::now(), "retry"));
                     self.retry_saved_peers();
                     self.expire_clients();
                 }
                 _ = moves.tick() => {
+                    turn = Some((Instant::now(), "moves"));
                     self.log_moves();
                     if self.core.drained() {
                         info!("decommissioned: no shard's config names this node any more");
@@ -627,11 +650,13 @@ impl NodeLoop {
                     }
                 }
                 Some(members) = self.welcomes_rx.recv() => {
+                    turn = Some((Instant::now(), "welcome"));
                     info!(members = members.len(), "a saved peer welcomed this node back");
                     let now = self.now();
                     self.core.join(now, members);
                 }
                 Some(message) = inbound.recv() => {
+                    turn = Some((Instant::now(), "inbound"));
                     // Everything that arrived meanwhile, SWIM datagrams first (failure detection
                     // must not wait behind replication), then peers' requests; client requests
                     // join the backlog, served in slices after node traffic.
@@ -652,24 +677,29 @@ impl NodeLoop {
                     self.serve_clients();
                 }
                 Some((id, answer)) = self.answers_rx.recv() => {
+                    turn = Some((Instant::now(), "peer answer"));
                     let now = self.now();
                     self.core.handle_response(now, id, answer);
                 }
                 Some((shard, reply)) = self.views.answer() => {
+                    turn = Some((Instant::now(), "snapshot read"));
                     let now = self.now();
                     self.core.handle_snapshot_read(now, shard, reply);
                 }
                 durable = self.store.durable() => {
+                    turn = Some((Instant::now(), "group commit"));
                     // R0: a failed commit aborts the node (its state may be half-written).
                     let batch = durable.context("committing a group of shard changes")?;
                     let now = self.now();
                     self.core.handle_persisted(now, batch);
                 }
                 () = sleep => {
+                    turn = Some((Instant::now(), "timers"));
                     let now = self.now();
                     self.core.handle_timeout(now);
                 }
                 () = std::future::ready(()), if !self.client_backlog.is_empty() => {
+                    turn = Some((Instant::now(), "client backlog"));
                     self.serve_clients();
                 }
             }
