@@ -119,6 +119,12 @@ pub struct ReplicaConfig {
     /// retired copy no one reads, before [`Change::DropRetired`] deletes it (counted from the
     /// removal, or from a restart). Zero: in the same batch as the tombstone. Default 1 hour.
     pub retired_grace: Duration,
+    /// How long a replica that is no voter (a learner) waits without hearing a leader before
+    /// it sends [`Message::Probe`] to its config's voters, and again after each probe: a
+    /// learner removed while it was away, by a leader that lost its leadership before it
+    /// could say so, would otherwise keep its copy for good (it never stands, so no later
+    /// leader hears of it). Zero: never. Default 5 s.
+    pub learner_probe: Duration,
 }
 
 impl Default for ReplicaConfig {
@@ -141,6 +147,7 @@ impl Default for ReplicaConfig {
             restart_silence: Duration::ZERO,
             verify_copies: true,
             retired_grace: Duration::from_secs(3600),
+            learner_probe: Duration::from_secs(5),
         }
     }
 }
@@ -1016,7 +1023,13 @@ impl ShardReplica {
     pub fn handle_timeout(&mut self, now: Duration, timer: Timer) {
         match timer {
             Timer::Election => {
-                if !matches!(self.role, Role::Leader(_)) {
+                if self.rank().is_none() {
+                    if matches!(self.role, Role::Follower) && self.durable.tombstone.is_none() {
+                        self.probe(now);
+                    } else {
+                        self.election_at = None;
+                    }
+                } else if !matches!(self.role, Role::Leader(_)) {
                     self.stand(now, None);
                 }
             }
@@ -1215,6 +1228,11 @@ impl ShardReplica {
                 config,
                 matched,
             } => self.on_removed(now, from, b, config_pos, config, matched),
+            Message::Probe => {
+                if let Some(removed) = self.removed_by_committed_config(&from) {
+                    self.send(from, removed, false);
+                }
+            }
             Message::RemovedOk { b } => {
                 if let Role::Leader(leader) = &mut self.role
                     && leader.b == b
@@ -1453,7 +1471,37 @@ impl ShardReplica {
         };
         // A lease this replica granted outlasts SWIM's verdict.
         let earliest = (from + wait).max(self.lease_bound().unwrap_or_default());
-        self.election_at = self.ranked_election(earliest);
+        self.election_at = self
+            .ranked_election(earliest)
+            .or_else(|| self.probe_at(from));
+    }
+
+    /// When a replica that never stands (no voter) asks whether it is still a member, if it
+    /// hears no leader before: `learner_probe` after `from`; `None` when probing is off or
+    /// it is tombstoned.
+    fn probe_at(&self, from: Duration) -> Option<Duration> {
+        let probe = self.config.learner_probe;
+        (!probe.is_zero() && self.durable.tombstone.is_none()).then(|| from + probe)
+    }
+
+    /// [`Message::Probe`] to the voters of this replica's config, then again after
+    /// `learner_probe` unless a leader is heard meanwhile.
+    fn probe(&mut self, now: Duration) {
+        let voters: Vec<Member> = active(&self.durable, self.config_at)
+            .voters
+            .iter()
+            .filter(|voter| voter.node != self.me.node)
+            .cloned()
+            .collect();
+        tracing::debug!(
+            shard = self.shard,
+            voters = voters.len(),
+            "probing: still a member?"
+        );
+        for voter in voters {
+            self.send(voter, Message::Probe, false);
+        }
+        self.election_at = self.probe_at(now);
     }
 
     /// When this replica stands if nobody is heard from before `earliest`: `earliest` plus

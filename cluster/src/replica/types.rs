@@ -309,6 +309,11 @@ pub enum Message {
         /// the leader continues with `Append`s after `base`.
         done: bool,
     },
+    /// A replica that is no voter (a learner, or one its own config no longer names) and has
+    /// heard no leader for `learner_probe` asks its config's voters whether it is still a
+    /// member: an established leader whose committed config does not name it answers
+    /// `Removed` (R8). Others ignore it. A voter in that case stands instead.
+    Probe,
 }
 
 /// blake3 over key-value pairs, each key and value prefixed with its length (`u64`, little

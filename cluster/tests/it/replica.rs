@@ -1265,3 +1265,70 @@ fn a_caught_up_learner_is_promoted_at_once() {
         );
     }
 }
+
+/// A learner removed while it was cut off, by a leader that then died with its log compacted
+/// past the removal, is told by the next leader once it asks (`Probe`, after `learner_probe`
+/// without a leader): it never stands, so without asking it would keep its copy for good.
+#[test]
+fn a_removed_learner_that_missed_its_removal_is_told_when_it_asks() {
+    for seed in seeds(10) {
+        let replay = format!(
+            "replay: SLOTRING_SEED={seed} cargo test -p cluster --test it replica::a_removed_learner"
+        );
+        let mut group = Group::with_config(3, 1, seed, snapshot_config());
+        group.run(Duration::from_secs(1));
+        assert_eq!(group.leader(), Some(0), "{replay}");
+        write_keys(&mut group, 0, 0..10);
+        // n3 is added as a learner, and cut off as soon as it holds the config naming it.
+        group.handle_target(&[member(0), member(1), member(2), member(3)]);
+        for _ in 0..2_000 {
+            group.run(Duration::from_millis(1));
+            if durable(&group, 3)
+                .active_config()
+                .learners
+                .contains(&member(3))
+            {
+                break;
+            }
+        }
+        assert!(
+            durable(&group, 3)
+                .active_config()
+                .learners
+                .contains(&member(3)),
+            "n3 holds the config naming it a learner; {replay}"
+        );
+        group.cut_off(3);
+        // Placement changes its mind: n3 is removed; its `Removed` is lost.
+        group.handle_target(&[member(0), member(1), member(2)]);
+        for _ in 0..2_000 {
+            group.run(Duration::from_millis(1));
+            let config = durable(&group, 0).active_config();
+            if !config.learners.contains(&member(3)) && !config.voters.contains(&member(3)) {
+                break;
+            }
+        }
+        let config = durable(&group, 0).active_config().clone();
+        assert!(
+            !config.learners.contains(&member(3)) && !config.voters.contains(&member(3)),
+            "{config:?}; {replay}"
+        );
+        // Every log compacts past the removal, and the remover dies.
+        write_keys(&mut group, 0, 10..60);
+        group.crash(0);
+        group.run(Duration::from_secs(2));
+        let leader = group.leader().expect("a new leader");
+        assert!(
+            durable(&group, leader).base.pos.index > 20,
+            "the new leader compacted its log; {replay}"
+        );
+        group.cut.clear();
+        assert!(durable(&group, 3).tombstone.is_none(), "{replay}");
+        group.run(Duration::from_secs(8));
+        assert!(
+            durable(&group, 3).tombstone.is_some(),
+            "n3's copy lingers: {:?}; {replay}",
+            durable(&group, 3).active_config()
+        );
+    }
+}

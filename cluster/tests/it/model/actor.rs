@@ -187,6 +187,9 @@ fn replica_config(knobs: Knobs) -> ReplicaConfig {
         verify_copies: false,
         // The retired copy is disk space, not protocol state: gone with the tombstone.
         retired_grace: Duration::ZERO,
+        // A removed learner's probe is liveness (its copy lingers, never serving): its timer
+        // would only split states.
+        learner_probe: Duration::ZERO,
         ..ReplicaConfig::default()
     }
 }
