@@ -2730,11 +2730,7 @@ impl ShardReplica {
         if next == active {
             return;
         }
-        // A member added (perhaps again, after a removal) starts with no known progress, and
-        // as one that holds nothing: a new node is empty, and a removed one tombstoned its copy
-        // (R8). Its transfer starts now rather than after a probe `Append` and the `AppendNack`
-        // that answers it from behind the member's group commit; a member that does hold the
-        // state answers the snapshot's first chunk "already here" (R6).
+        // A member added (perhaps again, after a removal) starts with no known progress.
         if let Role::Leader(leader) = &mut self.role {
             for added in next
                 .learners
