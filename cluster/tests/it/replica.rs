@@ -1134,6 +1134,29 @@ fn a_removed_replicas_retired_copy_is_deleted_after_the_grace_period() {
     );
 }
 
+/// A `Group` of 3 voters and a spare with [`snapshot_config`], led by n0, holding 10 keys.
+fn ten_keys_led_by_n0(seed: u64, replay: &str) -> Group {
+    let mut group = Group::with_config(3, 1, seed, snapshot_config());
+    group.run(Duration::from_secs(1));
+    assert_eq!(group.leader(), Some(0), "{replay}");
+    write_keys(&mut group, 0, 0..10);
+    group
+}
+
+/// Enough writes through n0 that every log compacts past the config n0 just committed, then
+/// n0 (the remover, which would tell the removed member) dies: the next leader never saw that
+/// config.
+fn compact_past_the_removal_and_kill_the_remover(group: &mut Group, replay: &str) {
+    write_keys(group, 0, 10..60);
+    group.crash(0);
+    group.run(Duration::from_secs(2));
+    let leader = group.leader().expect("a new leader");
+    assert!(
+        durable(group, leader).base.pos.index > 20,
+        "the new leader compacted its log; {replay}"
+    );
+}
+
 /// A voter removed while it was down, whose `Removed` its remover never got to send (it lost
 /// its leadership) and whose removing config every later leader has compacted into its base
 /// (so `note_past_removals` cannot see it), stands when it comes back: the leader, whose
@@ -1145,10 +1168,7 @@ fn a_removed_voter_that_missed_its_removal_is_told_when_it_stands() {
         let replay = format!(
             "replay: SLOTRING_SEED={seed} cargo test -p cluster --test it replica::a_removed_voter"
         );
-        let mut group = Group::with_config(3, 1, seed, snapshot_config());
-        group.run(Duration::from_secs(1));
-        assert_eq!(group.leader(), Some(0), "{replay}");
-        write_keys(&mut group, 0, 0..10);
+        let mut group = ten_keys_led_by_n0(seed, &replay);
         group.crash(2);
         // Placement now wants n0 n1 n3: n3 is added, promoted, and n2 (down) removed.
         group.handle_target(&[member(0), member(1), member(3)]);
@@ -1161,16 +1181,7 @@ fn a_removed_voter_that_missed_its_removal_is_told_when_it_stands() {
         }
         let config = durable(&group, 0).active_config().clone();
         assert!(!config.voters.contains(&member(2)), "{config:?}; {replay}");
-        // Enough writes that every log compacts past the removing config, then the leader
-        // that removed n2 (and would tell it) dies; the next one never saw that config.
-        write_keys(&mut group, 0, 10..60);
-        group.crash(0);
-        group.run(Duration::from_secs(2));
-        let leader = group.leader().expect("a new leader");
-        assert!(
-            durable(&group, leader).base.pos.index > 20,
-            "the new leader compacted its log; {replay}"
-        );
+        compact_past_the_removal_and_kill_the_remover(&mut group, &replay);
         group.restart(0);
         group.restart(2);
         assert!(durable(&group, 2).tombstone.is_none());
@@ -1275,10 +1286,7 @@ fn a_removed_learner_that_missed_its_removal_is_told_when_it_asks() {
         let replay = format!(
             "replay: SLOTRING_SEED={seed} cargo test -p cluster --test it replica::a_removed_learner"
         );
-        let mut group = Group::with_config(3, 1, seed, snapshot_config());
-        group.run(Duration::from_secs(1));
-        assert_eq!(group.leader(), Some(0), "{replay}");
-        write_keys(&mut group, 0, 0..10);
+        let mut group = ten_keys_led_by_n0(seed, &replay);
         // n3 is added as a learner, and cut off as soon as it holds the config naming it.
         group.handle_target(&[member(0), member(1), member(2), member(3)]);
         for _ in 0..2_000 {
@@ -1313,15 +1321,7 @@ fn a_removed_learner_that_missed_its_removal_is_told_when_it_asks() {
             !config.learners.contains(&member(3)) && !config.voters.contains(&member(3)),
             "{config:?}; {replay}"
         );
-        // Every log compacts past the removal, and the remover dies.
-        write_keys(&mut group, 0, 10..60);
-        group.crash(0);
-        group.run(Duration::from_secs(2));
-        let leader = group.leader().expect("a new leader");
-        assert!(
-            durable(&group, leader).base.pos.index > 20,
-            "the new leader compacted its log; {replay}"
-        );
+        compact_past_the_removal_and_kill_the_remover(&mut group, &replay);
         group.cut.clear();
         assert!(durable(&group, 3).tombstone.is_none(), "{replay}");
         group.run(Duration::from_secs(8));
