@@ -27,7 +27,8 @@ pub use self::host::{FRAME_BUDGET, HostBatchId, HostPersist, MoveChange, PeerBat
 pub use self::snapshot::{MemoryViews, Pairs, SnapshotRead, SnapshotReadReply, ViewId};
 pub use self::types::{
     Ballot, ClientOp, ClientReply, Config, Entry, Member, Message, NackReason, Op, PairHasher, Pos,
-    RejectReason, RequestTag, StorageId, VerifyOutcome, copy_checksums, snapshot_digest,
+    PreVerdict, RejectReason, RequestTag, StorageId, VerifyOutcome, copy_checksums,
+    snapshot_digest,
 };
 
 /// The first multiple of `grid` at or after `at` (`at` itself for a zero grid).
@@ -125,6 +126,22 @@ pub struct ReplicaConfig {
     /// could say so, would otherwise keep its copy for good (it never stands, so no later
     /// leader hears of it). Zero: never. Default 5 s.
     pub learner_probe: Duration,
+    /// A periodic heartbeat round (no read waiting for it, leases off) skips the followers
+    /// that were sent an `Append` less than this long before: that message already kept them
+    /// from standing, and their acknowledgements of it already feed check-quorum. A follower
+    /// skipped hears the round's number with its next `Append`. Under load most shards send
+    /// entries between two rounds, and the rounds were nearly half the messages between
+    /// nodes. At most half a heartbeat, so a follower hears its leader at least every
+    /// 1.5 heartbeats plus a grid step (a quarter heartbeat), within `t_elect`. Zero: every
+    /// round goes to every follower. Default 50 ms.
+    pub heartbeat_skip_recent: Duration,
+    /// R3's pre-vote: a voter whose election timer fires first asks its config's voters
+    /// whether they would promise the ballot it would open ([`Message::PreVote`]), and stands
+    /// only once a majority would (itself included), or once one answers that its config is
+    /// stale. A follower that merely missed heartbeats then finds the others still hearing
+    /// the leader, and neither raises its own promise nor deposes that leader. Handoffs
+    /// (`TimeoutNow`) stand at once. Default on.
+    pub pre_vote: bool,
 }
 
 impl Default for ReplicaConfig {
@@ -148,6 +165,8 @@ impl Default for ReplicaConfig {
             verify_copies: true,
             retired_grace: Duration::from_secs(3600),
             learner_probe: Duration::from_secs(5),
+            heartbeat_skip_recent: Duration::from_millis(50),
+            pre_vote: true,
         }
     }
 }
@@ -478,6 +497,9 @@ pub struct Leader {
     /// (voters promise it at once), so no lease holds for the rest of the ballot, even if the
     /// handoff times out.
     lease_forfeited: bool,
+    /// When each follower was last sent an `Append`, kept only while
+    /// `heartbeat_skip_recent` is on: periodic rounds skip the recent ones.
+    appended_at: BTreeMap<NodeId, Duration>,
 }
 
 /// A member a committed config dropped, told `Removed` until it acknowledges (R8).
@@ -734,6 +756,13 @@ pub struct ShardReplica {
     outbox: VecDeque<Outgoing>,
     persists: VecDeque<Persist>,
     replies: VecDeque<(RequestTag, ClientReply)>,
+    /// The `now` of the latest input, for the `Append`s built when messages are polled;
+    /// kept only while `heartbeat_skip_recent` is on (it is all `appended_at` needs).
+    input_at: Duration,
+    /// A pre-vote in progress (R3): the ballot asked about and the voters that would promise
+    /// it (this replica included). Cleared when a leader is heard, a ballot promised, or
+    /// this replica stands.
+    pre_vote: Option<(Ballot, BTreeSet<NodeId>)>,
 }
 
 impl ShardReplica {
@@ -785,6 +814,8 @@ impl ShardReplica {
             outbox: VecDeque::new(),
             persists: VecDeque::new(),
             replies: VecDeque::new(),
+            input_at: Duration::ZERO,
+            pre_vote: None,
         };
         replica.commit = replica.durable.applied;
         replica.config_at = last_config_index(&replica.durable);
@@ -939,7 +970,7 @@ impl ShardReplica {
     pub fn poll_message(&mut self) -> Option<Outgoing> {
         if self.appends_wanted {
             self.appends_wanted = false;
-            self.send_appends(false);
+            self.send_appends(false, None);
             self.tag_pending();
         }
         self.outbox.pop_front()
@@ -986,6 +1017,7 @@ impl ShardReplica {
     /// The members this node's view holds down (SWIM): they are skipped when ranking
     /// candidates. Safety never depends on it.
     pub fn handle_view(&mut self, now: Duration, dead: BTreeSet<NodeId>) {
+        self.note_input(now);
         self.dead = dead;
         if matches!(self.role, Role::Follower) {
             self.arm_election(now);
@@ -995,6 +1027,7 @@ impl ShardReplica {
     /// The replica set placement wants, in order (leader first). Only an established leader
     /// acts on it, one change at a time (R5), handing off when it is not the target's first.
     pub fn handle_target(&mut self, now: Duration, target: Vec<Member>) {
+        self.note_input(now);
         self.target = Some(target);
         if matches!(&self.role, Role::Leader(leader) if leader.established) {
             self.reconfigure(now);
@@ -1004,6 +1037,7 @@ impl ShardReplica {
 
     /// Batch `batch` (and every earlier one) is durable.
     pub fn handle_persisted(&mut self, now: Duration, batch: BatchId) {
+        self.note_input(now);
         while let Some(&(id, _, last)) = self.unpersisted.front() {
             if id > batch {
                 break;
@@ -1021,6 +1055,7 @@ impl ShardReplica {
     /// A timer fired (the shell calls this at the deadline from `poll_timeout`; a model may
     /// call it at any time).
     pub fn handle_timeout(&mut self, now: Duration, timer: Timer) {
+        self.note_input(now);
         match timer {
             Timer::Election => {
                 if self.rank().is_none() {
@@ -1030,7 +1065,11 @@ impl ShardReplica {
                         self.election_at = None;
                     }
                 } else if !matches!(self.role, Role::Leader(_)) {
-                    self.stand(now, None);
+                    if self.config.pre_vote {
+                        self.pre_stand(now);
+                    } else {
+                        self.stand(now, None);
+                    }
                 }
             }
             Timer::Heartbeat => self.heartbeat(now),
@@ -1045,6 +1084,7 @@ impl ShardReplica {
 
     /// A client attempt.
     pub fn handle_client(&mut self, now: Duration, tag: RequestTag, op: ClientOp) {
+        self.note_input(now);
         let established = matches!(&self.role, Role::Leader(leader) if leader.established);
         if !established {
             self.client_passed_the_leader(now);
@@ -1104,6 +1144,7 @@ impl ShardReplica {
     /// The shell's answer to a [`SnapshotRead`]. Answers for views no longer wanted (the
     /// transfer ended, leadership was lost) are ignored; their views were closed.
     pub fn handle_snapshot_read(&mut self, now: Duration, reply: SnapshotReadReply) {
+        self.note_input(now);
         let view = match &reply {
             SnapshotReadReply::Opened { view, .. }
             | SnapshotReadReply::Chunk { view, .. }
@@ -1165,6 +1206,7 @@ impl ShardReplica {
 
     /// A message from replica `from`, addressed to `to`.
     pub fn handle_message(&mut self, now: Duration, from: Member, to: Member, message: Message) {
+        self.note_input(now);
         if !self.same_member(&to, &self.me) {
             if let Message::Prepare { b, .. } = message {
                 self.send(
@@ -1232,6 +1274,10 @@ impl ShardReplica {
                 if let Some(removed) = self.removed_by_committed_config(&from) {
                     self.send(from, removed, false);
                 }
+            }
+            Message::PreVote { b, last } => self.on_pre_vote(now, from, b, &last),
+            Message::PreVoteReply { b, verdict } => {
+                self.on_pre_vote_reply(now, &from, &b, verdict);
             }
             Message::RemovedOk { b } => {
                 if let Role::Leader(leader) = &mut self.role
@@ -1335,6 +1381,7 @@ impl ShardReplica {
             return;
         }
         self.step_down(now);
+        self.pre_vote = None;
         self.promise(b.clone());
         // Entries after the candidate's commit that this log compacted cannot be adopted: the
         // candidate asks this replica to lead instead (R2.4).
@@ -1523,12 +1570,9 @@ impl ShardReplica {
             self.election_at = self.ranked_election(bound);
             return;
         }
-        let promised_n = self.durable.promised.as_ref().map_or(0, |b| b.n);
-        let b = Ballot {
-            n: 1 + promised_n.max(self.highest_seen),
-            node: self.me.node.clone(),
-        };
+        let b = self.next_ballot();
         self.highest_seen = b.n;
+        self.pre_vote = None;
         self.step_down(now);
         self.promise(b.clone());
         let last = self.durable.last();
@@ -1579,6 +1623,109 @@ impl ShardReplica {
         let retry = self.random_below(self.config.jitter);
         self.election_at = Some(now + self.config.t_elect + retry);
         self.evaluate_promises(now);
+    }
+
+    /// The ballot this replica would open: above every ballot it promised or saw.
+    fn next_ballot(&self) -> Ballot {
+        let promised_n = self.durable.promised.as_ref().map_or(0, |b| b.n);
+        Ballot {
+            n: 1 + promised_n.max(self.highest_seen),
+            node: self.me.node.clone(),
+        }
+    }
+
+    /// R3 with a pre-vote: asks the other voters of the active config whether they would
+    /// promise the ballot this replica would open, and stands once a majority would
+    /// ([`Self::on_pre_vote_reply`]). Asks again when the election timer fires again.
+    fn pre_stand(&mut self, now: Duration) {
+        if self.rank().is_none() {
+            self.election_at = None;
+            return;
+        }
+        if self.lease_binds(now, None) {
+            let bound = self.lease_bound().unwrap_or(now);
+            self.election_at = self.ranked_election(bound);
+            return;
+        }
+        let config = active(&self.durable, self.config_at).clone();
+        if config.voters.len() < 2 {
+            self.stand(now, None);
+            return;
+        }
+        // A candidate whose ballot found no majority asks before it tries another.
+        if matches!(self.role, Role::Candidate(_)) {
+            self.role = Role::Follower;
+        }
+        let b = self.next_ballot();
+        let message = Message::PreVote {
+            b: b.clone(),
+            last: self.durable.last(),
+        };
+        let me = self.me.node.clone();
+        for voter in config.voters.into_iter().filter(|v| v.node != me) {
+            self.send(voter, message.clone(), false);
+        }
+        tracing::debug!(shard = self.shard, b = %b.n, "pre-vote");
+        self.pre_vote = Some((b, BTreeSet::from([self.me.node.clone()])));
+        let retry = self.random_below(self.config.jitter);
+        self.election_at = Some(now + self.config.t_elect + retry);
+    }
+
+    /// Answers a [`Message::PreVote`] with what a `Prepare` of `b` would meet now (R1),
+    /// changing nothing.
+    fn on_pre_vote(&mut self, now: Duration, from: Member, b: Ballot, last: &Pos) {
+        self.highest_seen = self.highest_seen.max(b.n);
+        if let Some(removed) = self.removed_by_committed_config(&from) {
+            self.send(from, removed, false);
+            return;
+        }
+        let promised = self.durable.promised.as_ref().map_or(0, |p| p.n);
+        let config = active(&self.durable, self.config_at);
+        let verdict = if self.durable.tombstone.is_some()
+            || (self.durable.last() > *last && !config.is_voter(&from))
+        {
+            PreVerdict::Stale
+        } else if (self.durable.log.is_empty() && self.durable.base.config.voters.is_empty())
+            || self.durable.promised.as_ref().is_some_and(|p| b <= *p)
+            || self.sticky_leader(now).is_some()
+            || self.lease_binds(now, None)
+        {
+            PreVerdict::Refused { promised }
+        } else {
+            PreVerdict::Granted
+        };
+        self.send(from, Message::PreVoteReply { b, verdict }, false);
+    }
+
+    /// A voter's answer to this replica's pre-vote: it stands once a majority of its active
+    /// config's voters would promise, or at once when told its config is stale.
+    fn on_pre_vote_reply(&mut self, now: Duration, from: &Member, b: &Ballot, verdict: PreVerdict) {
+        if !matches!(self.role, Role::Follower) {
+            return;
+        }
+        if self.pre_vote.as_ref().is_none_or(|(asked, _)| asked != b) {
+            return;
+        }
+        match verdict {
+            PreVerdict::Granted => {
+                let config = active(&self.durable, self.config_at);
+                let voter = config.voters.iter().any(|v| self.same_member(v, from));
+                let majority = config.majority();
+                let Some((_, granted)) = &mut self.pre_vote else {
+                    return;
+                };
+                if voter {
+                    granted.insert(from.node.clone());
+                }
+                if granted.len() >= majority {
+                    self.stand(now, None);
+                }
+            }
+            PreVerdict::Refused { promised } => {
+                self.highest_seen = self.highest_seen.max(promised);
+            }
+            PreVerdict::Stale => self.stand(now, None),
+        }
     }
 
     fn on_promise(
@@ -1736,6 +1883,7 @@ impl ShardReplica {
             evicted: Vec::new(),
             lease_acked: BTreeMap::new(),
             lease_forfeited: false,
+            appended_at: BTreeMap::new(),
         };
         for voter in voters.iter().filter(|v| v.node != self.me.node) {
             leader
@@ -1980,11 +2128,13 @@ impl ShardReplica {
         self.appends_wanted = true;
     }
 
-    /// Sends each follower what it lacks; with `round`, a heartbeat round to all.
-    fn send_appends(&mut self, round: bool) {
+    /// Sends each follower what it lacks; with `round`, a heartbeat round to all but, with
+    /// `skip_recent`, those sent an `Append` since that time.
+    fn send_appends(&mut self, round: bool, skip_recent: Option<Duration>) {
         let Role::Leader(leader) = &self.role else {
             return;
         };
+        let now = self.input_at;
         let b = leader.b.clone();
         let hb_seq = leader.hb_seq;
         let idle = leader.idle;
@@ -2014,6 +2164,13 @@ impl ShardReplica {
                 needs_snapshot.push(voter.clone());
                 continue;
             }
+            let round = round
+                && skip_recent.is_none_or(|since| {
+                    leader
+                        .appended_at
+                        .get(&voter.node)
+                        .is_none_or(|at| *at < since)
+                });
             // Up to a window of messages per follower (pipelining); a round sends at least one.
             for window in 0..APPEND_WINDOW {
                 if next > last && !(round && window == 0) {
@@ -2045,9 +2202,13 @@ impl ShardReplica {
                 next = sent_to + 1;
             }
         }
+        let note_sends = !self.config.heartbeat_skip_recent.is_zero();
         for (voter, message, sent_to) in sends {
             if let Role::Leader(leader) = &mut self.role {
                 leader.next.insert(voter.node.clone(), sent_to + 1);
+                if note_sends {
+                    leader.appended_at.insert(voter.node.clone(), now);
+                }
             }
             self.send(voter, message, false);
         }
@@ -2270,6 +2431,7 @@ impl ShardReplica {
         }
         self.leader_hint = Some(b.node.clone());
         self.last_heard = Some(now);
+        self.pre_vote = None;
         self.arm_election(now);
         true
     }
@@ -3214,6 +3376,16 @@ impl ShardReplica {
             self.arm_election(now);
             return;
         }
+        // A round no read waits for, without leases, skips followers that just had an
+        // `Append` (`heartbeat_skip_recent`).
+        let for_reads = leader.round_wanted || leader.reads.iter().any(|read| read.round == 0);
+        let skip_recent = if for_reads || self.config.lease_reads {
+            None
+        } else {
+            (!self.config.heartbeat_skip_recent.is_zero())
+                .then(|| now.checked_sub(self.config.heartbeat_skip_recent))
+                .flatten()
+        };
         leader.hb_seq += 1;
         let round = leader.hb_seq;
         if self.config.lease_reads {
@@ -3253,7 +3425,7 @@ impl ShardReplica {
         if let Role::Leader(leader) = &mut self.role {
             leader.idle = idle;
         }
-        self.send_appends(true);
+        self.send_appends(true, skip_recent);
         self.progress_transfer(now);
         self.expire_verifications(now);
         self.reconfigure(now);
@@ -3406,6 +3578,12 @@ impl ShardReplica {
         }
         self.durable.log.extend(entries.iter().cloned());
         self.open_batch.push(Change::Append(entries));
+    }
+
+    fn note_input(&mut self, now: Duration) {
+        if !self.config.heartbeat_skip_recent.is_zero() {
+            self.input_at = now;
+        }
     }
 
     fn send(&mut self, to: Member, message: Message, needs_durable: bool) {

@@ -314,6 +314,41 @@ pub enum Message {
     /// member: an established leader whose committed config does not name it answers
     /// `Removed` (R8). Others ignore it. A voter in that case stands instead.
     Probe,
+    /// R3's pre-vote: a voter whose election timer fired asks its config's voters whether
+    /// they would promise `b` now, before it promises `b` itself. Its own promise would make
+    /// it refuse its leader's `Append`s, and so depose a leader the others still hear (a
+    /// follower that missed a few heartbeats). Nothing changes at either end.
+    PreVote {
+        /// The ballot the sender would open.
+        b: Ballot,
+        /// Its last position.
+        last: Pos,
+    },
+    /// The answer to a `PreVote`.
+    PreVoteReply {
+        /// The ballot asked about.
+        b: Ballot,
+        /// What a `Prepare` of `b` would meet now.
+        verdict: PreVerdict,
+    },
+}
+
+/// What a `Prepare` would meet now, answered to a [`Message::PreVote`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub enum PreVerdict {
+    /// A promise.
+    Granted,
+    /// A refusal: the receiver leads or heard a leader within `T_elect`, a lease it may have
+    /// granted binds it, it holds nothing, or the ballot is not above the one it promised
+    /// (whose number is `promised`, so the next try asks a higher one).
+    Refused {
+        /// The number of the ballot the receiver promised (0: none).
+        promised: u64,
+    },
+    /// The receiver is tombstoned, or holds a more up-to-date log whose config does not name
+    /// the sender as a voter: only a `Prepare` finds the newer config (R2.3), so the sender
+    /// stands.
+    Stale,
 }
 
 /// blake3 over key-value pairs, each key and value prefixed with its length (`u64`, little

@@ -1332,3 +1332,57 @@ fn a_removed_learner_that_missed_its_removal_is_told_when_it_asks() {
         );
     }
 }
+
+/// Whether `n0` still leads the ballot it led once `n2` missed its heartbeats for a second
+/// (cut off from `n0` alone, still hearing `n1`) and then heard them again for a second,
+/// with a write to `n0` every 20 ms throughout (a leader with traffic heartbeats every
+/// round; an idle one's followers would not refuse after `T_elect` either).
+fn n0_keeps_its_ballot_when_n2_misses_heartbeats(seed: u64, config: ReplicaConfig) -> bool {
+    let mut group = Group::with_config(3, 0, seed, config);
+    group.run(Duration::from_secs(1));
+    assert_eq!(group.leader(), Some(0), "seed {seed}");
+    let ballot = |group: &Group| {
+        group.replicas[0]
+            .as_ref()
+            .and_then(ShardReplica::established_ballot)
+            .cloned()
+    };
+    let before = ballot(&group);
+    let mut writes = 0..;
+    let mut run_with_writes = |group: &mut Group, span_ms: u64| {
+        for _ in 0..span_ms / 20 {
+            let req = writes.next().unwrap_or_default();
+            group.client(0, tag(req), put(req));
+            group.run(Duration::from_millis(20));
+        }
+    };
+    group.cut.insert((0, 2));
+    run_with_writes(&mut group, 1000);
+    group.cut.clear();
+    run_with_writes(&mut group, 1000);
+    ballot(&group) == before
+}
+
+#[test]
+fn a_follower_that_missed_heartbeats_does_not_depose_a_leader_the_others_hear() {
+    // R3's pre-vote: n2 asks before it stands; n1 still hears n0 and refuses, so n2 never
+    // raises its promise, and n0 keeps leading its ballot when n2 hears it again.
+    for seed in seeds(20) {
+        assert!(
+            n0_keeps_its_ballot_when_n2_misses_heartbeats(seed, ReplicaConfig::default()),
+            "n0 was deposed; replay: SLOTRING_SEED={seed} cargo test -p cluster --test it \
+             a_follower_that_missed_heartbeats"
+        );
+    }
+    // Without it, n2 stands, promises itself a higher ballot, and refuses n0's `Append`s
+    // once it hears them again: n0 steps down.
+    let without = ReplicaConfig {
+        pre_vote: false,
+        ..ReplicaConfig::default()
+    };
+    let deposed = seeds(20)
+        .into_iter()
+        .filter(|&seed| !n0_keeps_its_ballot_when_n2_misses_heartbeats(seed, without.clone()))
+        .count();
+    assert!(deposed > 0, "without the pre-vote n2 deposes n0");
+}

@@ -190,6 +190,12 @@ fn replica_config(knobs: Knobs) -> ReplicaConfig {
         // A removed learner's probe is liveness (its copy lingers, never serving): its timer
         // would only split states.
         learner_probe: Duration::ZERO,
+        // Skipping a round's message to a follower that just had one only omits a message,
+        // which the model's network may do anyway: a timed rule would only split states.
+        heartbeat_skip_recent: Duration::ZERO,
+        // The pre-vote changes nothing durable and only ever removes a candidacy: safety is
+        // the `Prepare`'s. Its messages would multiply the states (docs/protocol.md).
+        pre_vote: false,
         ..ReplicaConfig::default()
     }
 }
