@@ -905,6 +905,48 @@ impl PendingFold {
     }
 }
 
+/// Group commits slower than [`SlowCommits::THRESHOLD`], logged as a warning at most once a
+/// second: followers acknowledge only what is durable, so a leader whose followers' commits
+/// take longer than `T_elect` (300 ms) hears no acknowledgement in time and steps down.
+#[derive(Debug, Default)]
+struct SlowCommits {
+    /// Slow commits since the last warning, and the slowest of them with its size.
+    count: u64,
+    slowest: std::time::Duration,
+    slowest_bytes: usize,
+    warned: Option<std::time::Instant>,
+}
+
+impl SlowCommits {
+    const THRESHOLD: std::time::Duration = std::time::Duration::from_millis(100);
+
+    fn note(&mut self, took: std::time::Duration, bytes: usize) {
+        if took < Self::THRESHOLD {
+            return;
+        }
+        self.count += 1;
+        if took > self.slowest {
+            self.slowest = took;
+            self.slowest_bytes = bytes;
+        }
+        if self
+            .warned
+            .is_none_or(|at| at.elapsed() >= std::time::Duration::from_secs(1))
+        {
+            tracing::warn!(
+                slow_commits = self.count,
+                slowest_ms = u64::try_from(self.slowest.as_millis()).unwrap_or(u64::MAX),
+                bytes = self.slowest_bytes,
+                "slow group commit (write-ahead log append and fdatasync)"
+            );
+            *self = SlowCommits {
+                warned: Some(std::time::Instant::now()),
+                ..SlowCommits::default()
+            };
+        }
+    }
+}
+
 /// Runs a [`Store`] on two threads of its own, off the event loop: `slotring-wal` appends and
 /// fsyncs each submitted batch, reports it durable, and hands the fold thread each fold's
 /// batches once the [`FoldPolicy`] says it is due; `slotring-fold` folds them into the shard
@@ -956,6 +998,7 @@ impl StoreWorker {
             .name("slotring-wal".to_owned())
             .spawn(move || {
                 let mut pending = PendingFold::new(policy);
+                let mut slow_commits = SlowCommits::default();
                 loop {
                     let received = match pending.due {
                         None => batches
@@ -980,6 +1023,7 @@ impl StoreWorker {
                         }
                     };
                     let batch = persist.batch;
+                    let started = std::time::Instant::now();
                     let committed = match append_batch(&mut wal, persist) {
                         Ok(committed) => committed,
                         Err(error) => {
@@ -987,6 +1031,7 @@ impl StoreWorker {
                             break;
                         }
                     };
+                    slow_commits.note(started.elapsed(), committed.2);
                     // Durable: the batch's messages may leave while it waits to be folded.
                     if report.send(Ok(batch)).is_err() {
                         break;

@@ -2088,6 +2088,12 @@ impl ShardReplica {
         }
         match reason {
             NackReason::Higher(higher) => {
+                tracing::debug!(
+                    shard = self.shard,
+                    from = %from.node,
+                    higher = higher.n,
+                    "a follower promised a higher ballot: stepping down"
+                );
                 self.highest_seen = self.highest_seen.max(higher.n);
                 self.step_down(now);
                 self.arm_election(now);
@@ -3371,7 +3377,28 @@ impl ShardReplica {
             .unpersisted
             .front()
             .is_some_and(|(_, since, _)| now.saturating_sub(*since) > self.config.t_disk);
-        if (settled && recent < config.majority()) || disk_stuck {
+        // A round more than a heartbeat late means this node was stalled itself (starved of
+        // CPU, paused): the acknowledgements sent meanwhile may still wait unread, so the
+        // followers are judged at the next round, on time, instead (Lifeguard's local health,
+        // for check-quorum). A leader that is cut off steps down a round later.
+        let stalled = self
+            .heartbeat_at
+            .is_some_and(|at| now.saturating_sub(at) > self.config.heartbeat);
+        if (settled && !stalled && recent < config.majority()) || disk_stuck {
+            tracing::debug!(
+                shard = self.shard,
+                recent,
+                disk_stuck,
+                late_ms = self
+                    .heartbeat_at
+                    .map(|at| now.saturating_sub(at).as_millis()),
+                last_ack_ms = leader
+                    .last_ack
+                    .values()
+                    .max()
+                    .map(|at| now.saturating_sub(*at).as_millis()),
+                "check-quorum failed: stepping down"
+            );
             self.step_down(now);
             self.arm_election(now);
             return;

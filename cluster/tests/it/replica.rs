@@ -49,6 +49,9 @@ pub(crate) struct Group {
     /// When set, snapshot reads are kept in `held_reads` instead of answered at once.
     pub(crate) hold_reads: bool,
     pub(crate) held_reads: Vec<(usize, SnapshotRead)>,
+    /// A replica that neither receives its messages (they wait in flight) nor fires its
+    /// timers: a node whose process is stalled.
+    pub(crate) frozen: Option<usize>,
 }
 
 impl Group {
@@ -115,6 +118,7 @@ impl Group {
             retired_dropped: Vec::new(),
             hold_reads: false,
             held_reads: Vec::new(),
+            frozen: None,
         }
     }
 
@@ -229,6 +233,10 @@ impl Group {
                 let pick = self.rng.random_range(0..flights.len());
                 let (from, mut outgoing) = flights.swap_remove(pick);
                 let to = (0..self.replicas.len()).find(|&i| member(i).node == outgoing.to.node);
+                if to.is_some() && to == self.frozen {
+                    self.flights.push((from, outgoing));
+                    continue;
+                }
                 if let (Some(to), Some((slow, every))) = (to, self.slow)
                     && to == slow
                     && !ms.is_multiple_of(every)
@@ -258,18 +266,25 @@ impl Group {
                 }
             }
             for i in 0..self.replicas.len() {
-                // Each due timer once per millisecond.
-                let due = self.replicas[i]
-                    .as_ref()
-                    .and_then(ShardReplica::poll_timeout)
-                    .filter(|(at, _)| *at <= self.now);
-                if let Some((_, timer)) = due {
-                    if let Some(replica) = self.replicas[i].as_mut() {
-                        replica.handle_timeout(self.now, timer);
-                    }
-                    self.drain(i);
+                if self.frozen == Some(i) {
+                    continue;
                 }
+                self.fire_due_timer(i);
             }
+        }
+    }
+
+    /// Fires replica `i`'s timer if it is due.
+    pub(crate) fn fire_due_timer(&mut self, i: usize) {
+        let due = self.replicas[i]
+            .as_ref()
+            .and_then(ShardReplica::poll_timeout)
+            .filter(|(at, _)| *at <= self.now);
+        if let Some((_, timer)) = due {
+            if let Some(replica) = self.replicas[i].as_mut() {
+                replica.handle_timeout(self.now, timer);
+            }
+            self.drain(i);
         }
     }
 
@@ -1385,4 +1400,48 @@ fn a_follower_that_missed_heartbeats_does_not_depose_a_leader_the_others_hear() 
         .filter(|&seed| !n0_keeps_its_ballot_when_n2_misses_heartbeats(seed, without.clone()))
         .count();
     assert!(deposed > 0, "without the pre-vote n2 deposes n0");
+}
+
+#[test]
+fn a_leader_stalled_past_its_round_does_not_judge_followers_it_has_not_read() {
+    // n0 leads with writes flowing, then its process stalls for 400 ms (T_elect is 300): the
+    // followers' acknowledgements wait unread. When it wakes, its late heartbeat round fires
+    // before it reads them; it must not step down for want of acknowledgements it did not read.
+    // (n1 and n2 cannot reach each other meanwhile, so neither is elected: a follower cannot
+    // tell a stalled leader from a dead one, and would rightly replace it.)
+    for seed in seeds(20) {
+        let mut group = Group::new(3, seed);
+        group.run(Duration::from_secs(1));
+        assert_eq!(group.leader(), Some(0), "seed {seed}");
+        let ballot = group.replicas[0]
+            .as_ref()
+            .and_then(ShardReplica::established_ballot)
+            .cloned();
+        for req in 0..10 {
+            group.client(0, tag(req), put(req));
+            group.run(Duration::from_millis(20));
+        }
+        group.frozen = Some(0);
+        group.cut.insert((1, 2));
+        group.run(Duration::from_millis(400));
+        group.frozen = None;
+        group.cut.clear();
+        group.fire_due_timer(0);
+        assert_eq!(
+            group.replicas[0]
+                .as_ref()
+                .and_then(ShardReplica::established_ballot)
+                .cloned(),
+            ballot,
+            "n0 stepped down on waking; replay: SLOTRING_SEED={seed} cargo test -p cluster \
+             --test it a_leader_stalled_past_its_round"
+        );
+        group.client(0, tag(100), put(100));
+        group.run(Duration::from_millis(200));
+        assert_eq!(
+            group.replies.get(&tag(100)),
+            Some(&ClientReply::Ok { value: None }),
+            "seed {seed}"
+        );
+    }
 }
