@@ -55,6 +55,11 @@ const LEAVE_GRACE: Duration = Duration::from_millis(1500);
 /// runs no heartbeat leaves and nothing is read, and a turn near the election timeout (300 ms)
 /// costs leaderships.
 const SLOW_TURN: Duration = Duration::from_millis(50);
+/// The loop's timers running this much after their deadline is logged as a warning, at most
+/// once a second: the thread was busy elsewhere (transport tasks share it) or not scheduled,
+/// and a node whose heartbeat rounds run 300 ms late finds its shards' followers electing new
+/// leaders.
+const LATE_WAKE: Duration = Duration::from_millis(100);
 
 /// A queue with a fixed capacity that refuses, rather than grows, when full.
 #[derive(Debug)]
@@ -621,7 +626,28 @@ impl NodeLoop {
         let mut turn: Option<(Instant, &'static str)> = None;
         let mut slow_turns = 0u64;
         let mut slow_reported: Option<Instant> = None;
+        // Timers that fired over LATE_WAKE after their deadline, not yet reported.
+        let mut late_wakes = 0u64;
+        let mut late_reported: Option<Instant> = None;
         loop {
+            // Timers first once they are due: the select below prefers every input to its
+            // sleep, so under a steady stream of inbound messages the timers (heartbeat rounds
+            // among them) waited 100-250 ms for a turn with nothing else ready, and followers
+            // elected new leaders meanwhile.
+            let now = self.now();
+            if let Some(due) = self.core.poll_timeout().filter(|at| *at <= now) {
+                if now.saturating_sub(due) > LATE_WAKE {
+                    late_wakes += 1;
+                    if late_reported.is_none_or(|at| at.elapsed() >= Duration::from_secs(1)) {
+                        let ms =
+                            u64::try_from(now.saturating_sub(due).as_millis()).unwrap_or(u64::MAX);
+                        warn!(ms, late_wakes, "event loop ran its timers late");
+                        late_reported = Some(Instant::now());
+                        late_wakes = 0;
+                    }
+                }
+                self.core.handle_timeout(now);
+            }
             self.drain()?;
             if let Some((started, what)) = turn.take()
                 && started.elapsed() > SLOW_TURN
