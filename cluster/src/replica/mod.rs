@@ -63,8 +63,11 @@ pub struct ReplicaConfig {
     /// Compact the log once this many applied entries sit after its base (R6): the base moves
     /// up to the applied index. A leader keeps the entries that followers heard from within
     /// `t_elect` still need, unless its log holds more than `4 × compact_after` entries. At
-    /// least 1. Default 10,000: small enough to bound the log, large enough that a follower
-    /// restarting after a short outage catches up by `Append`s rather than a snapshot.
+    /// least 1. Default 1,000: the log is kept in memory, every shard's, and with 10,000 a node
+    /// of 1,024 shards holding 100-byte values grew by ~300 bytes per write it saw, towards
+    /// ~2.5 GB (BENCHMARKS.md, issue 5, session 18); 1,000 still lets a follower that was down
+    /// for a minute at 10 writes a second per shard catch up by `Append`s rather than by a
+    /// snapshot.
     pub compact_after: u64,
     /// The target size of a snapshot chunk in key and value bytes (a single larger pair
     /// travels alone). Up to `SNAPSHOT_WINDOW` (2) chunks per replica are in flight, and
@@ -154,7 +157,7 @@ impl Default for ReplicaConfig {
             t_disk: Duration::from_secs(2),
             max_adopt: 1024,
             max_append: 256,
-            compact_after: 10_000,
+            compact_after: 1_000,
             snapshot_chunk_bytes: 1 << 20,
             min_voters: 3,
             idle_heartbeat: Duration::from_secs(1),
