@@ -727,9 +727,9 @@ impl NodeLoop {
                     self.core.handle_persisted(now, batch);
                 }
                 () = sleep => {
+                    // The timers run at the top of the next turn, where one that woke late is
+                    // reported.
                     turn = Some((Instant::now(), "timers"));
-                    let now = self.now();
-                    self.core.handle_timeout(now);
                 }
                 () = std::future::ready(()), if self.can_serve_clients() => {
                     turn = Some((Instant::now(), "client backlog"));

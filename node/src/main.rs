@@ -38,10 +38,10 @@ const PURGE_DELAY_MS: std::ffi::c_long = 10_000;
 /// Makes mimalloc keep freed memory for [`PURGE_DELAY_MS`] instead of a second before giving
 /// it back to the system. The write path's memory comes and goes in waves longer than a
 /// second (a fold frees the batches it wrote, the logs grow until they are compacted): with
-/// the default, a loaded node kept touching fresh pages, 0.85 page faults per replicated write
-/// on 3 nodes, 8% of an event loop's CPU zeroing pages in the kernel; with 10 s, 0.2, and
-/// 7-8% less CPU per write (BENCHMARKS.md, issue 5, session 18). The cost: up to 10 s more
-/// of memory held after a burst.
+/// the default, a loaded node kept touching fresh pages, about one page fault per replicated
+/// write on 3 nodes, 8% of an event loop's CPU zeroing pages in the kernel; with 10 s, 0.13,
+/// and 7-20% less CPU per write (BENCHMARKS.md, issue 5, session 18). The cost: up to 10 s
+/// more of memory held after a burst.
 ///
 /// Changes nothing, and returns false, when the option does not hold mimalloc 3's default:
 /// `MIMALLOC_PURGE_DELAY` set by the operator, or a mimalloc whose options are laid out
