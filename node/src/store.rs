@@ -865,6 +865,31 @@ fn kv_range(shard: u16) -> (KvBound, KvBound) {
 /// A committed batch on its way to the fold thread: sequence number, changes, record bytes.
 type Committed = (u64, WalBatch, usize);
 
+/// What the log thread is asked to do.
+#[derive(Debug)]
+enum LogWork {
+    /// Append and fsync a group commit.
+    Commit(HostPersist),
+    /// Hand the committed batches to the fold thread now rather than when the [`FoldPolicy`]
+    /// says: a snapshot view needs a later state than the last fold's.
+    FoldSoon,
+    /// Fold what was committed and end (the [`StoreHandle`] is dropped; a [`FoldRequester`]
+    /// may outlive it).
+    Stop,
+}
+
+/// Asks a [`StoreWorker`]'s log thread for an early fold; held by the [`SnapshotReader`].
+#[derive(Debug, Clone)]
+pub(crate) struct FoldRequester(mpsc::Sender<LogWork>);
+
+impl FoldRequester {
+    /// Asks for a fold of what is committed so far. A stopped worker is not an error here: the
+    /// node learns of it through [`StoreHandle::durable`].
+    pub(crate) fn fold_soon(&self) {
+        let _ = self.0.send(LogWork::FoldSoon);
+    }
+}
+
 /// The committed batches the log thread collects for the next fold, and when that fold is due
 /// by the [`FoldPolicy`]. Handing the fold thread a whole fold at once wakes it once per fold
 /// rather than once per commit.
@@ -965,7 +990,7 @@ impl StoreWorker {
         } = store;
         let db = Arc::clone(&folder.db);
         let policy = folder.policy;
-        let (submit, batches) = mpsc::channel::<HostPersist>();
+        let (submit, batches) = mpsc::channel::<LogWork>();
         let (to_fold, folds) = mpsc::channel::<Vec<Committed>>();
         let (report, durable) = tokio_mpsc::unbounded_channel();
         let folded = Arc::new(std::sync::atomic::AtomicU64::new(folder.next_unfolded));
@@ -1008,14 +1033,23 @@ impl StoreWorker {
                             .recv_timeout(due.saturating_duration_since(std::time::Instant::now())),
                     };
                     let persist = match received {
-                        Ok(persist) => persist,
+                        Ok(LogWork::Commit(persist)) => persist,
+                        Ok(LogWork::FoldSoon) => {
+                            // Nothing waits for a fold but a snapshot view: folding early only
+                            // costs a smaller fold.
+                            if !pending.batches.is_empty() && to_fold.send(pending.take()).is_err()
+                            {
+                                break;
+                            }
+                            continue;
+                        }
                         Err(mpsc::RecvTimeoutError::Timeout) => {
                             if to_fold.send(pending.take()).is_err() {
                                 break;
                             }
                             continue;
                         }
-                        Err(mpsc::RecvTimeoutError::Disconnected) => {
+                        Ok(LogWork::Stop) | Err(mpsc::RecvTimeoutError::Disconnected) => {
                             // Shutting down: what was committed is folded before the fold
                             // thread ends (the handle's drop waits for it).
                             let _ = to_fold.send(pending.take());
@@ -1078,7 +1112,7 @@ fn lower_this_threads_priority() {
 #[derive(Debug)]
 pub(crate) struct StoreHandle {
     db: Arc<Database>,
-    submit: Option<mpsc::Sender<HostPersist>>,
+    submit: Option<mpsc::Sender<LogWork>>,
     durable: tokio_mpsc::UnboundedReceiver<Result<HostBatchId>>,
     /// A commit or fold failed: nothing more is accepted or reported.
     stopped: bool,
@@ -1093,13 +1127,17 @@ impl StoreHandle {
         self.submit
             .as_ref()
             .filter(|_| !self.stopped)
-            .and_then(|submit| submit.send(persist).ok())
+            .and_then(|submit| submit.send(LogWork::Commit(persist)).ok())
             .ok_or_else(|| anyhow!("the store thread has stopped; batch {batch} was not queued"))
     }
 
     /// A [`SnapshotReader`] on this store's database: its views see what the folds wrote.
     pub(crate) fn snapshot_reader(&self) -> Result<SnapshotReader> {
-        SnapshotReader::spawn(Arc::clone(&self.db))
+        let submit = self
+            .submit
+            .clone()
+            .ok_or_else(|| anyhow!("the store thread has stopped"))?;
+        SnapshotReader::spawn(Arc::clone(&self.db), FoldRequester(submit))
     }
 
     /// The next batch made durable, in submission order; an error if a commit or fold failed
@@ -1124,8 +1162,10 @@ impl StoreHandle {
 
 impl Drop for StoreHandle {
     fn drop(&mut self) {
-        // Closing the queue ends the log thread, whose end ends the fold thread's queue.
-        self.submit = None;
+        // Stopping the log thread ends the fold thread's queue.
+        if let Some(submit) = self.submit.take() {
+            let _ = submit.send(LogWork::Stop);
+        }
         for thread in self.threads.drain(..) {
             // A panic in a thread was already printed; there is nothing more to report.
             let _ = thread.join();

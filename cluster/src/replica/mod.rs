@@ -2066,18 +2066,24 @@ impl ShardReplica {
         self.serve_reads();
         self.appends_wanted = true;
         self.progress_transfer(now);
-        self.promote_if_learner(now, &from);
+        self.continue_move(now, &from);
     }
 
-    /// A learner's progress changed: if it caught up, the move goes on now (R5), rather than
-    /// at the next commit or heartbeat round (learners do not count towards commits, so
-    /// nothing else would look at once).
-    fn promote_if_learner(&mut self, now: Duration, from: &Member) {
+    /// A learner's progress changed, or that of the voter this leader hands off to: if it
+    /// caught up, the move goes on now (R5, R7), rather than at the next commit or heartbeat
+    /// round (learners do not count towards commits, and the handoff target's acknowledgement
+    /// may come after the majority's, so nothing else would look at once).
+    fn continue_move(&mut self, now: Duration, from: &Member) {
         let learner = active(&self.durable, self.config_at)
             .learners
             .iter()
             .any(|learner| self.same_member(learner, from));
-        if learner && self.established_ballot().is_some() {
+        let handoff_target = self
+            .target
+            .as_ref()
+            .and_then(|target| target.first())
+            .is_some_and(|first| first != &self.me && self.same_member(first, from));
+        if (learner || handoff_target) && self.established_ballot().is_some() {
             self.reconfigure(now);
         }
     }
@@ -2161,6 +2167,9 @@ impl ShardReplica {
             if leader.snapshots.contains_key(&voter.node) {
                 continue;
             }
+            // A member this leader never sent to (a learner just added, say) is probed now,
+            // not at the next heartbeat round: its answer says whether it needs a snapshot.
+            let fresh = !leader.next.contains_key(&voter.node);
             let mut next = leader.next.get(&voter.node).copied().unwrap_or(last + 1);
             // It said it holds no entry (an `AppendNack` lowered `next` to 1) and acknowledged none.
             let empty = next == 1 && leader.matched.get(&voter.node).is_none_or(|m| *m == 0);
@@ -2182,7 +2191,7 @@ impl ShardReplica {
                 });
             // Up to a window of messages per follower (pipelining); a round sends at least one.
             for window in 0..APPEND_WINDOW {
-                if next > last && !(round && window == 0) {
+                if next > last && !((round || fresh) && window == 0) {
                     break;
                 }
                 let Some(prev) = self.durable.pos_at(next.saturating_sub(1)) else {
@@ -2241,7 +2250,10 @@ impl ShardReplica {
         for member in start {
             let view = self.next_view;
             self.next_view += 1;
-            self.reads.push_back(SnapshotRead::Open { view });
+            self.reads.push_back(SnapshotRead::Open {
+                view,
+                at_least: self.durable.base.pos.index,
+            });
             leader.snapshots.insert(
                 member.node.clone(),
                 SnapshotSend {
@@ -2390,7 +2402,7 @@ impl ShardReplica {
             }
             self.advance_commit(now);
             self.progress_transfer(now);
-            self.promote_if_learner(now, &from);
+            self.continue_move(now, &from);
         } else if ours && let Some(send) = leader.snapshots.get_mut(&node) {
             // Acknowledgements are cumulative. One below `acked` means the receiver lost its
             // partial copy (a bad chunk, a restart) or is an old one arriving late: resend from

@@ -25,10 +25,15 @@ pub enum SnapshotRead {
     /// Take a consistent view of the shard's durable state: its applied key-value pairs and
     /// the position and config they are at. Answer [`SnapshotReadReply::Opened`] with the
     /// view's base and size, or [`SnapshotReadReply::Failed`] (no such state on disk yet, a
-    /// tombstone, too many views open).
+    /// tombstone, too many views open, a state older than `at_least`).
     Open {
         /// The view.
         view: ViewId,
+        /// The log position the state must be at or past: the leader's log base, since the
+        /// entries up to it are compacted and an older state could not be completed from the
+        /// log. A shell that keeps older states on disk should bring them forward soon (the
+        /// leader asks again after a heartbeat round).
+        at_least: u64,
     },
     /// The pairs of `view` with keys after `after` (from the first for `None`), in key order,
     /// up to about `max_bytes` of keys and values (at least one pair if any remain).
@@ -113,7 +118,7 @@ impl MemoryViews {
         read: SnapshotRead,
     ) -> Option<SnapshotReadReply> {
         match read {
-            SnapshotRead::Open { view } => {
+            SnapshotRead::Open { view, .. } => {
                 let Some((disk, base)) = disk.and_then(|d| Some((d, d.applied_base()?))) else {
                     return Some(SnapshotReadReply::Failed { view });
                 };

@@ -39,7 +39,14 @@ struct InFlight {
     sequence: u64,
     from: usize,
     to: SocketAddr,
-    payload: Vec<u8>,
+    payload: Payload,
+}
+
+/// What travels between nodes with a delay: SWIM datagrams and replication frames (both
+/// one-way; requests with answers are delivered at once).
+enum Payload {
+    Datagram(Vec<u8>),
+    Replicate(cluster::replica::PeerBatch),
 }
 
 impl PartialEq for InFlight {
@@ -231,6 +238,19 @@ impl Net {
         self.slots[index].core = None;
     }
 
+    /// Queues `payload` from node `from` to `to`, delivered 1–3 ms from now.
+    fn send_later(&mut self, from: usize, to: SocketAddr, payload: Payload) {
+        let delay = Duration::from_micros(self.rng.random_range(1000..3000));
+        self.sequence += 1;
+        self.flights.push(Reverse(InFlight {
+            at: self.now + delay,
+            sequence: self.sequence,
+            from,
+            to,
+            payload,
+        }));
+    }
+
     fn index_of(&self, to: SocketAddr) -> Option<usize> {
         (0..self.slots.len()).find(|&i| addr(i) == to)
     }
@@ -350,15 +370,7 @@ impl Net {
                             }
                         }
                     }
-                    let delay = Duration::from_micros(self.rng.random_range(1000..3000));
-                    self.sequence += 1;
-                    self.flights.push(Reverse(InFlight {
-                        at: now + delay,
-                        sequence: self.sequence,
-                        from: index,
-                        to,
-                        payload,
-                    }));
+                    self.send_later(index, to, Payload::Datagram(payload));
                 }
                 Transmit::Request {
                     id, to, request, ..
@@ -381,15 +393,7 @@ impl Net {
                     }
                 }
                 Transmit::Replicate { to, batch, .. } => {
-                    if let Some(target) = self.index_of(to)
-                        && !self.slots[target].paused
-                        && !self.separated(index, target)
-                        && let Some(core) = self.slots[target].core.as_mut()
-                    {
-                        let request = Request::Replicate(batch);
-                        core.handle_request(now, Some(&name(index)), request);
-                        self.flush(target);
-                    }
+                    self.send_later(index, to, Payload::Replicate(batch));
                 }
                 Transmit::Connect { .. } | Transmit::Forget { .. } => {}
             }
@@ -423,10 +427,25 @@ impl Net {
                 let Some(to) = self.index_of(flight.to) else {
                     continue;
                 };
-                if self.slots[to].paused {
-                    self.slots[to].held.push((flight.from, flight.payload));
-                } else {
-                    self.deliver(now, flight.from, to, &flight.payload);
+                match flight.payload {
+                    Payload::Datagram(payload) if self.slots[to].paused => {
+                        self.slots[to].held.push((flight.from, payload));
+                    }
+                    Payload::Datagram(payload) => self.deliver(now, flight.from, to, &payload),
+                    // A frame to a paused or cut-off node is lost (its stream would break).
+                    Payload::Replicate(batch) => {
+                        if !self.slots[to].paused
+                            && !self.separated(flight.from, to)
+                            && let Some(core) = self.slots[to].core.as_mut()
+                        {
+                            core.handle_request(
+                                now,
+                                Some(&name(flight.from)),
+                                Request::Replicate(batch),
+                            );
+                            self.flush(to);
+                        }
+                    }
                 }
             }
             for index in 0..self.slots.len() {

@@ -1292,6 +1292,73 @@ fn a_caught_up_learner_is_promoted_at_once() {
     }
 }
 
+/// A member just added is sent an `Append` at once, not at the leader's next heartbeat round:
+/// its answer (it holds nothing, say) decides whether it needs a snapshot, so waiting for the
+/// round added up to a heartbeat to every move.
+#[test]
+fn a_new_learner_hears_from_its_leader_at_once() {
+    for seed in seeds(10) {
+        let mut group = Group::with_spares(3, 1, seed);
+        group.run(Duration::from_secs(1));
+        assert_eq!(group.leader(), Some(0), "seed {seed}");
+        group.client(0, tag(1), put(1));
+        group.run(Duration::from_millis(50));
+        let target: Vec<Member> = (0..4).map(member).collect();
+        group.handle_target(&target);
+        let added = group.now;
+        let deadline = added + Duration::from_secs(2);
+        while group.replicas[3].as_ref().unwrap().leader_hint() != Some(&member(0).node) {
+            assert!(group.now < deadline, "n3 never heard n0; seed {seed}");
+            group.run(Duration::from_millis(1));
+        }
+        assert!(
+            group.now - added <= Duration::from_millis(5),
+            "n3 heard its leader {:?} after it was added; seed {seed}",
+            group.now - added
+        );
+    }
+}
+
+/// A leader that is not placement's first hands off (R7) once that voter catches up, by the
+/// acknowledgement that shows it, not at the next heartbeat round: that voter's
+/// acknowledgement may come after a majority committed, so no commit follows it.
+#[test]
+fn a_leader_hands_off_as_soon_as_the_target_catches_up() {
+    for seed in seeds(10) {
+        let mut group = Group::new(3, seed);
+        group.run(Duration::from_secs(1));
+        assert_eq!(group.leader(), Some(0), "seed {seed}");
+        // n1 misses a write that n0 and n2 commit, then placement wants n1 first.
+        group.frozen = Some(1);
+        group.client(0, tag(1), put(1));
+        group.run(Duration::from_millis(20));
+        assert_eq!(
+            group.replies.get(&tag(1)),
+            Some(&ClientReply::Ok { value: None }),
+            "seed {seed}"
+        );
+        group.handle_target(&[member(1), member(0), member(2)]);
+        group.run(Duration::from_millis(5));
+        assert_eq!(
+            group.leader(),
+            Some(0),
+            "n1 is behind: no handoff yet; seed {seed}"
+        );
+        group.frozen = None;
+        let thawed = group.now;
+        let deadline = thawed + Duration::from_secs(2);
+        while group.leader() != Some(1) {
+            assert!(group.now < deadline, "n1 never led; seed {seed}");
+            group.run(Duration::from_millis(1));
+        }
+        assert!(
+            group.now - thawed <= Duration::from_millis(20),
+            "n1 led {:?} after it could catch up; seed {seed}",
+            group.now - thawed
+        );
+    }
+}
+
 /// A learner removed while it was cut off, by a leader that then died with its log compacted
 /// past the removal, is told by the next leader once it asks (`Probe`, after `learner_probe`
 /// without a leader): it never stands, so without asking it would keep its copy for good.

@@ -4,7 +4,7 @@ use std::process::{Command, Stdio};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use cluster::replica::{BatchId, Member, Op, Persist};
+use cluster::replica::{BatchId, Member, Op, Persist, SnapshotRead, SnapshotReadReply};
 use proptest::prelude::*;
 use topology::NodeId;
 
@@ -716,6 +716,53 @@ fn a_view_is_one_shards_applied_state_at_one_position() {
     assert_eq!(later.size().unwrap(), (9, 99));
     assert_eq!(store.view(u16::MAX).unwrap().unwrap().size().unwrap().0, 3);
     assert!(store.view(3).unwrap().is_none());
+}
+
+/// A leader asks for a view at or past its log's base; one the last fold left older is
+/// refused, and the fold it needs happens now, not when the fold policy says (an hour here).
+#[tokio::test]
+async fn a_view_older_than_asked_brings_the_fold_forward() {
+    let dir = TempDir::new("fold-soon");
+    let mut store = Store::open(&dir.db()).unwrap().store;
+    store.set_fold_policy(FoldPolicy {
+        batches: usize::MAX,
+        bytes: usize::MAX,
+        delay: Duration::from_secs(3600),
+    });
+    let mut handle = StoreWorker::spawn(store).unwrap();
+    let mut reader = handle.snapshot_reader().unwrap();
+    let entry = Entry {
+        ballot: ballot(1),
+        index: 1,
+        op: Op::EpochStart,
+        tag: None,
+    };
+    let changes = vec![
+        Change::Append(vec![entry]),
+        Change::Applied {
+            index: 1,
+            writes: vec![(b"k".to_vec(), Some(b"v".to_vec()))],
+        },
+    ];
+    handle.submit(host_persist(0, vec![(7, changes)])).unwrap();
+    assert_eq!(handle.durable().await.unwrap(), HostBatchId(0));
+    let deadline = Instant::now() + Duration::from_secs(10);
+    for view in 0.. {
+        assert!(Instant::now() < deadline, "no view at index 1 after 10 s");
+        reader
+            .ask(7, SnapshotRead::Open { view, at_least: 1 })
+            .unwrap();
+        match reader.answer().await.unwrap() {
+            (7, SnapshotReadReply::Opened { base, keys, .. }) => {
+                assert_eq!((base.pos.index, keys), (1, 1));
+                break;
+            }
+            (7, SnapshotReadReply::Failed { .. }) => {
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+            other => panic!("{other:?}"),
+        }
+    }
 }
 
 #[tokio::test]

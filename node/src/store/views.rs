@@ -21,7 +21,7 @@ use cluster::replica::{Base, Pairs, SnapshotRead, SnapshotReadReply, ViewId};
 use redb::{Database, ReadOnlyTable, ReadableDatabase};
 use tokio::sync::mpsc as tokio_mpsc;
 
-use super::{KV, SHARDS, decode_row, kv_range};
+use super::{FoldRequester, KV, SHARDS, decode_row, kv_range};
 
 /// The most views one node holds open at once; an `Open` beyond it fails, and its leader
 /// tries again a heartbeat round later. Each open view pins the database pages it sees.
@@ -120,7 +120,9 @@ pub(crate) struct SnapshotReader {
 
 impl SnapshotReader {
     /// Starts the `slotring-views` thread on `db`.
-    pub(crate) fn spawn(db: Arc<Database>) -> Result<SnapshotReader> {
+    /// `folds` is asked for an early fold when a leader needs a later state than the last
+    /// fold wrote.
+    pub(crate) fn spawn(db: Arc<Database>, folds: FoldRequester) -> Result<SnapshotReader> {
         let (asks, asked) = mpsc::channel::<(u16, SnapshotRead)>();
         let (answer, answers) = tokio_mpsc::unbounded_channel();
         let thread = std::thread::Builder::new()
@@ -128,7 +130,7 @@ impl SnapshotReader {
             .spawn(move || {
                 let mut views: BTreeMap<(u16, ViewId), ShardView> = BTreeMap::new();
                 while let Ok((shard, read)) = asked.recv() {
-                    if let Some(reply) = serve(&db, &mut views, shard, read)
+                    if let Some(reply) = serve(&db, &folds, &mut views, shard, read)
                         && answer.send((shard, reply)).is_err()
                     {
                         break;
@@ -168,15 +170,17 @@ impl Drop for SnapshotReader {
 }
 
 /// Answers one read. A view that cannot be opened or read is reported `Failed` (and logged):
-/// the leader tries again later, and the node keeps serving.
+/// the leader tries again later, and the node keeps serving. So is a view older than the
+/// leader's log base, after asking `folds` for a fold (the periodic one may be seconds away).
 fn serve(
     db: &Database,
+    folds: &FoldRequester,
     views: &mut BTreeMap<(u16, ViewId), ShardView>,
     shard: u16,
     read: SnapshotRead,
 ) -> Option<SnapshotReadReply> {
     match read {
-        SnapshotRead::Open { view } => {
+        SnapshotRead::Open { view, at_least } => {
             if views.len() >= MAX_OPEN_VIEWS {
                 tracing::debug!(shard, view, "snapshot view refused: too many open");
                 return Some(SnapshotReadReply::Failed { view });
@@ -187,6 +191,17 @@ fn serve(
                     .transpose()
             });
             match opened {
+                Ok(Some((_, shard_view))) if shard_view.base().pos.index < at_least => {
+                    tracing::debug!(
+                        shard,
+                        view,
+                        disk = shard_view.base().pos.index,
+                        at_least,
+                        "snapshot view behind the log's base: folding early"
+                    );
+                    folds.fold_soon();
+                    Some(SnapshotReadReply::Failed { view })
+                }
                 Ok(Some(((keys, bytes), shard_view))) => {
                     let base = shard_view.base().clone();
                     views.insert((shard, view), shard_view);
@@ -197,7 +212,14 @@ fn serve(
                         bytes,
                     })
                 }
-                Ok(None) => Some(SnapshotReadReply::Failed { view }),
+                Ok(None) => {
+                    // Not folded since it was created (or a tombstone, which a fold does not
+                    // change).
+                    if at_least > 0 {
+                        folds.fold_soon();
+                    }
+                    Some(SnapshotReadReply::Failed { view })
+                }
                 Err(error) => {
                     tracing::warn!(shard, %error, "snapshot view not opened");
                     Some(SnapshotReadReply::Failed { view })
