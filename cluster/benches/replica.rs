@@ -10,8 +10,8 @@ use std::hint::black_box;
 use std::time::{Duration, Instant};
 
 use cluster::replica::{
-    ClientOp, ClientReply, Config, Durable, Member, Outgoing, ReplicaConfig, RequestTag,
-    ShardReplica, StorageId, Timer,
+    ClientOp, ClientReply, ClientRoute, Config, Durable, Member, Outgoing, ReplicaConfig,
+    RequestTag, ShardReplica, StorageId, Timer,
 };
 use criterion::{Criterion, Throughput, criterion_group, criterion_main};
 use topology::NodeId;
@@ -101,7 +101,7 @@ impl Trio {
                 key,
                 value: vec![7; 16],
             };
-            self.replicas[0].handle_client(Duration::ZERO, tag, op);
+            self.replicas[0].handle_client(Duration::ZERO, tag, op, ClientRoute::Routed);
         }
         self.collect(0);
         self.settle();

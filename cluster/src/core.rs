@@ -735,7 +735,7 @@ impl Cluster {
                 }
                 Response::Ack
             }
-            Request::Client(_) => {
+            Request::Client { .. } => {
                 refuse("client operations go through Cluster::handle_client".into())
             }
             Request::Status => Response::Status(self.status()),

@@ -17,8 +17,8 @@ use topology::NodeId;
 use crate::Error;
 use crate::core::Cluster;
 use crate::replica::{
-    ClientOp, ClientReply, Config, Durable, HostBatchId, HostPersist, Member, PairHasher,
-    RequestTag, ShardHost, SnapshotRead, SnapshotReadReply, StorageId,
+    ClientOp, ClientReply, ClientRoute, Config, Durable, HostBatchId, HostPersist, Member,
+    PairHasher, RequestTag, ShardHost, SnapshotRead, SnapshotReadReply, StorageId,
 };
 use crate::wire::{HeldView, MAX_KEY_LEN, ShardDigest};
 
@@ -102,7 +102,14 @@ impl Cluster {
     /// [`poll_client_reply`](Self::poll_client_reply) with `token`. The key's shard answers if
     /// this node holds it; otherwise the answer is `Moved` to placement's leader (or
     /// `Unavailable`). A key or value over the limits is refused at once, changing nothing.
-    pub fn handle_client(&mut self, now: Duration, token: u64, op: ClientOp) -> Result<(), Error> {
+    /// `route` says why the client asks this node.
+    pub fn handle_client(
+        &mut self,
+        now: Duration,
+        token: u64,
+        op: ClientOp,
+        route: ClientRoute,
+    ) -> Result<(), Error> {
         let (key, value_len) = match &op {
             ClientOp::Put { key, value } => (key, value.len()),
             ClientOp::Get { key } | ClientOp::Del { key } => (key, 0),
@@ -127,7 +134,7 @@ impl Cluster {
                 req: token,
                 attempt: 0,
             };
-            self.host.handle_client(now, shard, tag, op);
+            self.host.handle_client(now, shard, tag, op, route);
         } else {
             let me = self.identity().node_id.clone();
             let leader = self

@@ -16,7 +16,7 @@ use topology::NodeId;
 
 /// The version every frame starts with; a peer speaking another one is refused with
 /// [`Error::WireVersion`].
-pub const WIRE_VERSION: u16 = 4;
+pub const WIRE_VERSION: u16 = 5;
 
 /// The tag byte of a datagram that carries a SWIM (foca) packet.
 pub const DATAGRAM_SWIM: u8 = 1;
@@ -114,7 +114,12 @@ pub enum Request {
     Replicate(crate::replica::PeerBatch),
     /// A client operation on one key; answered with [`Response::Client`] once the shard's
     /// leader decides (the key's shard is computed by the answering node).
-    Client(crate::replica::ClientOp),
+    Client {
+        /// The operation.
+        op: crate::replica::ClientOp,
+        /// Why the client asks this node.
+        route: crate::replica::ClientRoute,
+    },
     /// CLI: per-node load.
     Status,
     /// CLI: per-node ring ownership.

@@ -42,7 +42,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use cluster::replica::{ClientOp, ClientReply};
+use cluster::replica::{ClientOp, ClientReply, ClientRoute};
 use cluster::wire::{self, Request, Response};
 use shardtable::ShardCount;
 use topology::NodeId;
@@ -147,6 +147,40 @@ struct Detour {
     replicas: Option<Vec<SocketAddr>>,
     /// How many times a replica was picked.
     turn: usize,
+}
+
+/// One operation's request, encoded at most once for each [`ClientRoute`] it is sent with
+/// (the value may be a mebibyte).
+struct AttemptBodies {
+    request: Request,
+    encoded: [Option<Bytes>; 2],
+}
+
+impl AttemptBodies {
+    fn new(op: ClientOp) -> Self {
+        AttemptBodies {
+            request: Request::Client {
+                op,
+                route: ClientRoute::Routed,
+            },
+            encoded: [None, None],
+        }
+    }
+
+    /// The request sent with `route`.
+    fn get(&mut self, route: ClientRoute) -> Bytes {
+        let slot = match route {
+            ClientRoute::Routed => 0,
+            ClientRoute::LeaderSilent => 1,
+        };
+        if let Request::Client { route: sent, .. } = &mut self.request {
+            *sent = route;
+        }
+        let request = &self.request;
+        self.encoded[slot]
+            .get_or_insert_with(|| Bytes::from(wire::encode(request)))
+            .clone()
+    }
 }
 
 impl KvClient {
@@ -334,8 +368,16 @@ impl KvClient {
             }
         };
         let mut detour = Detour::default();
-        let mut target = self.steer(shard, target, &mut detour, deadline).await;
-        let body = Bytes::from(wire::encode(&Request::Client(op)));
+        let steered = self.steer(shard, target, &mut detour, deadline).await;
+        // Why the next attempt goes where it goes: a follower told that the leader did not
+        // answer may stand without waiting out an idle leader's silence.
+        let mut route = if steered == target {
+            ClientRoute::Routed
+        } else {
+            ClientRoute::LeaderSilent
+        };
+        let mut target = steered;
+        let mut bodies = AttemptBodies::new(op);
         let mut backoff = Duration::from_millis(10);
         let mut moves = 0;
         let mut overloaded = false;
@@ -351,7 +393,7 @@ impl KvClient {
             let timeout = (deadline - now).min(self.attempt_timeout);
             let answer = self
                 .endpoint
-                .request(target, None, body.clone(), timeout)
+                .request(target, None, bodies.get(route), timeout)
                 .await;
             match &answer {
                 Ok(_) => self.answered(target),
@@ -407,6 +449,7 @@ impl KvClient {
                         _ => self.seed,
                     };
                     target = self.steer(shard, next, &mut detour, deadline).await;
+                    route = ClientRoute::LeaderSilent;
                     continue;
                 }
             };
@@ -436,8 +479,12 @@ impl KvClient {
                             )
                             .await;
                             target = next;
+                            route = ClientRoute::LeaderSilent;
                         }
-                        (Some(addr), _) if addr != target && moves <= 3 => target = addr,
+                        (Some(addr), _) if addr != target && moves <= 3 => {
+                            target = addr;
+                            route = ClientRoute::Routed;
+                        }
                         _ => {
                             // Bouncing between nodes whose views disagree: wait for them.
                             tokio::time::sleep(backoff).await;
@@ -445,6 +492,7 @@ impl KvClient {
                             moves = 0;
                             if let Some(addr) = self.resolve(&leader, deadline).await {
                                 target = addr;
+                                route = ClientRoute::Routed;
                             }
                         }
                     }
@@ -460,6 +508,7 @@ impl KvClient {
                     backoff = (backoff * 2).min(Duration::from_millis(200));
                     if let Ok((_, Some(leader))) = self.route(&key, deadline).await {
                         target = leader;
+                        route = ClientRoute::Routed;
                     }
                 }
                 ClientReply::Indeterminate if !write => retries.unavailable += 1,

@@ -813,10 +813,10 @@ impl NodeLoop {
                     PeerIdentity::Client => None,
                 };
                 let response = match wire::decode::<Request>(&body) {
-                    Ok(Request::Client(op)) => {
+                    Ok(Request::Client { op, route }) => {
                         let token = self.next_token;
                         self.next_token += 1;
-                        match self.core.handle_client(now, token, op) {
+                        match self.core.handle_client(now, token, op, route) {
                             Ok(()) => {
                                 self.clients.insert(token, (Instant::now(), responder));
                                 return;

@@ -8,9 +8,9 @@ use core::time::Duration;
 use topology::NodeId;
 
 use super::{
-    BatchId, ClientOp, ClientReply, Config, Durable, Member, Message, Op, Persist, RejectReason,
-    ReplicaConfig, RequestTag, ShardReplica, SnapshotRead, SnapshotReadReply, StorageId,
-    VerifyOutcome,
+    BatchId, ClientOp, ClientReply, ClientRoute, Config, Durable, Member, Message, Op, Persist,
+    RejectReason, ReplicaConfig, RequestTag, ShardReplica, SnapshotRead, SnapshotReadReply,
+    StorageId, VerifyOutcome,
 };
 
 /// About how many bytes of keys and values one [`PeerBatch`] carries at most (a single larger
@@ -234,11 +234,19 @@ impl ShardHost {
         self.release_queued_targets(now);
     }
 
-    /// A client attempt for `shard`; a shard this node does not hold answers `Unavailable`.
-    pub fn handle_client(&mut self, now: Duration, shard: u16, tag: RequestTag, op: ClientOp) {
+    /// A client attempt for `shard`, which came `route`; a shard this node does not hold
+    /// answers `Unavailable`.
+    pub fn handle_client(
+        &mut self,
+        now: Duration,
+        shard: u16,
+        tag: RequestTag,
+        op: ClientOp,
+        route: ClientRoute,
+    ) {
         match self.replicas.get_mut(&shard) {
             Some(replica) => {
-                replica.handle_client(now, tag, op);
+                replica.handle_client(now, tag, op, route);
                 self.drain(now, shard);
             }
             None => self

@@ -26,9 +26,9 @@ use topology::NodeId;
 pub use self::host::{FRAME_BUDGET, HostBatchId, HostPersist, MoveChange, PeerBatch, ShardHost};
 pub use self::snapshot::{MemoryViews, Pairs, SnapshotRead, SnapshotReadReply, ViewId};
 pub use self::types::{
-    Ballot, ClientOp, ClientReply, Config, Entry, Member, Message, NackReason, Op, PairHasher, Pos,
-    PreVerdict, RejectReason, RequestTag, StorageId, VerifyOutcome, copy_checksums,
-    snapshot_digest,
+    Ballot, ClientOp, ClientReply, ClientRoute, Config, Entry, Member, Message, NackReason, Op,
+    PairHasher, Pos, PreVerdict, RejectReason, RequestTag, StorageId, VerifyOutcome,
+    copy_checksums, snapshot_digest,
 };
 
 /// The first multiple of `grid` at or after `at` (`at` itself for a zero grid).
@@ -1085,12 +1085,20 @@ impl ShardReplica {
         self.finish(now);
     }
 
-    /// A client attempt.
-    pub fn handle_client(&mut self, now: Duration, tag: RequestTag, op: ClientOp) {
+    /// A client attempt, which came `route`.
+    pub fn handle_client(
+        &mut self,
+        now: Duration,
+        tag: RequestTag,
+        op: ClientOp,
+        route: ClientRoute,
+    ) {
         self.note_input(now);
         let established = matches!(&self.role, Role::Leader(leader) if leader.established);
         if !established {
-            self.client_passed_the_leader(now);
+            if route == ClientRoute::LeaderSilent {
+                self.client_passed_the_leader(now);
+            }
             let reply = self.redirect();
             self.replies.push_back((tag, reply));
             return;
@@ -1124,8 +1132,11 @@ impl ShardReplica {
         self.finish(now);
     }
 
-    /// A client asked this follower instead of the leader it follows: clients go to the leader
-    /// (it is in their routing), so it may be gone. An idle leader's silence is excused for
+    /// A client asked this follower because the leader it follows did not answer the client
+    /// ([`ClientRoute::LeaderSilent`]), so it may be gone. (A client whose routing is merely
+    /// out of date, after a handoff, says so, and ends nothing: its attempt at the new leader
+    /// wakes it, but a busy new leader's first heartbeat could come later than this rule
+    /// allows, and the follower would depose it.) An idle leader's silence is excused for
     /// `T_elect + idle_heartbeat`; from now on it is not. The election timer moves to
     /// `T_elect` after the leader was last heard, but no sooner than one heartbeat from now
     /// (a live leader the client then reaches wakes up and heartbeats at once, in far less),

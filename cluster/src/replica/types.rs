@@ -535,6 +535,17 @@ pub enum ClientOp {
     },
 }
 
+/// How a client came to ask a replica: what it tells a follower about the leader.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub enum ClientRoute {
+    /// The client's routing names the node asked (perhaps out of date: leadership moves, and
+    /// a follower then answers `Moved`).
+    Routed,
+    /// The node the client took for the shard's leader did not answer it, so it asks another
+    /// replica. A follower asked this way stops excusing an idle leader's silence.
+    LeaderSilent,
+}
+
 /// The answer to a client attempt (R10). `Moved` and `Unavailable` are definite: the attempt
 /// was never appended and never will be.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]

@@ -6,8 +6,8 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
 use cluster::replica::{
-    ClientOp, ClientReply, Config, Durable, HostBatchId, HostPersist, Member, MemoryViews,
-    PeerBatch, ReplicaConfig, RequestTag, ShardHost, StorageId,
+    ClientOp, ClientReply, ClientRoute, Config, Durable, HostBatchId, HostPersist, Member,
+    MemoryViews, PeerBatch, ReplicaConfig, RequestTag, ShardHost, StorageId,
 };
 use rand::rngs::StdRng;
 use rand::{RngExt, SeedableRng};
@@ -170,7 +170,7 @@ impl Cluster {
 
     pub(crate) fn client(&mut self, node: usize, shard: u16, tag: RequestTag, op: ClientOp) {
         if let Some(host) = self.hosts[node].as_mut() {
-            host.handle_client(self.now, shard, tag, op);
+            host.handle_client(self.now, shard, tag, op, ClientRoute::Routed);
             self.pump(node);
         }
     }

@@ -201,7 +201,7 @@ impl Net {
     pub(crate) fn client(&mut self, index: usize, token: u64, op: cluster::replica::ClientOp) {
         let now = self.now;
         if let Some(core) = self.slots[index].core.as_mut() {
-            core.handle_client(now, token, op)
+            core.handle_client(now, token, op, cluster::replica::ClientRoute::Routed)
                 .expect("a valid operation");
         }
         self.flush(index);

@@ -9,8 +9,9 @@ use std::sync::{Arc, Once};
 use std::time::Duration;
 
 use cluster::replica::{
-    Ballot, BatchId, Change, ClientOp, ClientReply, Config, Durable, Entry, Member, Message,
-    Mutations, Op, Outgoing, Persist, ReplicaConfig, RequestTag, ShardReplica, StorageId, Timer,
+    Ballot, BatchId, Change, ClientOp, ClientReply, ClientRoute, Config, Durable, Entry, Member,
+    Message, Mutations, Op, Outgoing, Persist, ReplicaConfig, RequestTag, ShardReplica, StorageId,
+    Timer,
 };
 use stateright::actor::{Actor, Id, Out, model_timeout};
 
@@ -942,7 +943,7 @@ impl Actor for ModelActor {
                     }
                     ModelMsg::Request(tag, op) => {
                         step(state, knobs, o, |replica| {
-                            replica.handle_client(Duration::ZERO, tag, op);
+                            replica.handle_client(Duration::ZERO, tag, op, ClientRoute::Routed);
                         });
                     }
                     ModelMsg::Target(target) => {
