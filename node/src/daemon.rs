@@ -60,6 +60,10 @@ const SLOW_TURN: Duration = Duration::from_millis(50);
 /// and a node whose heartbeat rounds run 300 ms late finds its shards' followers electing new
 /// leaders.
 const LATE_WAKE: Duration = Duration::from_millis(100);
+/// Timers due this much before the loop gets to them wait for one batch of what arrived
+/// meanwhile: a quarter heartbeat (the grid heartbeat rounds fall on), so a loop that merely
+/// woke a little late keeps its timers first.
+const READ_BEFORE_LATE_TIMERS: Duration = Duration::from_millis(25);
 
 /// A queue with a fixed capacity that refuses, rather than grows, when full.
 #[derive(Debug)]
@@ -636,6 +640,17 @@ impl NodeLoop {
             // elected new leaders meanwhile.
             let now = self.now();
             if let Some(due) = self.core.poll_timeout().filter(|at| *at <= now) {
+                if now.saturating_sub(due) > READ_BEFORE_LATE_TIMERS
+                    && let Ok(message) = inbound.try_recv()
+                {
+                    // The thread was not scheduled, or a turn ran long: what peers sent
+                    // meanwhile (acknowledgements, heartbeats) is heard before the timers judge
+                    // them silent, or a stalled leader steps down by check-quorum and a
+                    // stalled follower stands against a live leader.
+                    turn.get_or_insert((Instant::now(), "inbound before late timers"));
+                    self.take_inbound(message, &mut inbound);
+                }
+                let now = self.now();
                 if now.saturating_sub(due) > LATE_WAKE {
                     late_wakes += 1;
                     if late_reported.is_none_or(|at| at.elapsed() >= Duration::from_secs(1)) {
@@ -690,24 +705,7 @@ impl NodeLoop {
                 }
                 Some(message) = inbound.recv() => {
                     turn = Some((Instant::now(), "inbound"));
-                    // Everything that arrived meanwhile, SWIM datagrams first (failure detection
-                    // must not wait behind replication), then peers' requests; client requests
-                    // join the backlog, served in slices after node traffic.
-                    let mut queued = vec![message];
-                    while queued.len() < INBOUND_BATCH
-                        && let Ok(message) = inbound.try_recv()
-                    {
-                        queued.push(message);
-                    }
-                    queued.sort_by_key(|message| !matches!(message, Inbound::Datagram { .. }));
-                    for message in queued {
-                        if is_from_client(&message) {
-                            self.queue_client(message);
-                        } else {
-                            self.handle_inbound(message);
-                        }
-                    }
-                    self.serve_clients();
+                    self.take_inbound(message, &mut inbound);
                 }
                 Some((id, answer)) = self.answers_rx.recv() => {
                     turn = Some((Instant::now(), "peer answer"));
@@ -752,6 +750,27 @@ impl NodeLoop {
         let _ = tokio::time::timeout(Duration::from_millis(500), self.endpoint.wait_idle()).await;
         info!("left");
         Ok(ExitCode::SUCCESS)
+    }
+
+    /// Handles `first` and everything else that arrived meanwhile (up to [`INBOUND_BATCH`]),
+    /// SWIM datagrams first (failure detection must not wait behind replication), then peers'
+    /// requests; client requests join the backlog, served in slices after node traffic.
+    fn take_inbound(&mut self, first: Inbound, inbound: &mut mpsc::Receiver<Inbound>) {
+        let mut queued = vec![first];
+        while queued.len() < INBOUND_BATCH
+            && let Ok(message) = inbound.try_recv()
+        {
+            queued.push(message);
+        }
+        queued.sort_by_key(|message| !matches!(message, Inbound::Datagram { .. }));
+        for message in queued {
+            if is_from_client(&message) {
+                self.queue_client(message);
+            } else {
+                self.handle_inbound(message);
+            }
+        }
+        self.serve_clients();
     }
 
     /// Adds a client request to the backlog, or refuses it at once when the backlog is full.

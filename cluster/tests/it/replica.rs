@@ -1004,7 +1004,10 @@ fn a_client_at_a_follower_ends_the_excuse_for_an_idle_leaders_silence() {
         while group.leader().is_none() && group.now - crashed_at < Duration::from_secs(3) {
             group.run(Duration::from_millis(10));
         }
-        assert!(group.leader().is_some(), "a leader after the excuse; seed {seed}");
+        assert!(
+            group.leader().is_some(),
+            "a leader after the excuse; seed {seed}"
+        );
 
         // A live idle leader: the client is told `moved`, goes to it, and it keeps leading.
         let mut group = Group::new(3, seed);

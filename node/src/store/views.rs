@@ -7,9 +7,14 @@
 //! folds do not change it. The [`SnapshotReader`] thread holds the views the core asked for
 //! and answers its [`SnapshotRead`]s off the event loop.
 //!
-//! What it does not do: fold first (the view may be up to one fold interval behind the
-//! replica's applied index; the leader sends the entries after it), or share one view between
-//! transfers of the same shard.
+//! A view may be up to one fold interval behind the replica's applied index; the leader sends
+//! the entries after it. When the leader's log was compacted past the last fold (its `Open`
+//! names that base), the view could not be completed from the log: it is refused, and the log
+//! thread is asked to fold now ([`FoldRequester`]), so the leader's next try, a heartbeat round
+//! later, finds it (the periodic fold is up to 3 s away, and a move waits for it meanwhile).
+//!
+//! What it does not do: wait for that fold (the thread serves every transfer's chunks), or
+//! share one view between transfers of the same shard.
 
 use std::collections::BTreeMap;
 use std::ops::Bound;
