@@ -22,6 +22,7 @@
 #
 # usage: scripts/bench/join_vs_redis.sh
 #        KEYS=1000000 RATE=2000 SLOTRING_MAX_MOVES=4 SLOTRING_BASE_PORT=7600 REDIS_BENCH_PORT=7700
+#        KEEP_LOGS=DIR: copy the four slotring nodes' logs there at the end (RUST_LOG applies)
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 ROOT=$PWD
@@ -58,9 +59,16 @@ cleanup() {
         wait "$pid" 2>/dev/null || true
     done
     if [[ -n $SLOTRING_UP ]]; then
+        keep_logs
         scripts/cluster.sh down --purge >/dev/null 2>&1 || true
     fi
     rm -rf "$WORK"
+}
+# keep_logs: with KEEP_LOGS set, copies the slotring nodes' logs there.
+keep_logs() {
+    if [[ -n ${KEEP_LOGS:-} ]]; then
+        mkdir -p "$KEEP_LOGS" && cp .cluster/n*.log "$WORK"/n3.log "$KEEP_LOGS"/ 2>/dev/null || true
+    fi
 }
 trap cleanup EXIT
 trap 'exit 130' INT TERM
@@ -155,6 +163,7 @@ sed 's/^/  /' "$WORK/check.txt" >>"$OUT"
 kill "$JOINER_PID" 2>/dev/null || true
 wait "$JOINER_PID" 2>/dev/null || true
 JOINER_PID=
+keep_logs
 scripts/cluster.sh down --purge >/dev/null 2>&1
 SLOTRING_UP=
 
