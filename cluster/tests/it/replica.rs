@@ -285,6 +285,23 @@ impl Group {
         }
     }
 
+    /// Runs a millisecond at a time until `done` holds, for at most `limit`: how long it took,
+    /// or `None`.
+    pub(crate) fn time_until(
+        &mut self,
+        limit: Duration,
+        mut done: impl FnMut(&Group) -> bool,
+    ) -> Option<Duration> {
+        let start = self.now;
+        while !done(self) {
+            if self.now - start >= limit {
+                return None;
+            }
+            self.run(Duration::from_millis(1));
+        }
+        Some(self.now - start)
+    }
+
     /// Fires replica `i`'s timer if it is due.
     pub(crate) fn fire_due_timer(&mut self, i: usize) {
         let due = self.replicas[i]
@@ -1336,16 +1353,14 @@ fn a_new_learner_hears_from_its_leader_at_once() {
         group.run(Duration::from_millis(50));
         let target: Vec<Member> = (0..4).map(member).collect();
         group.handle_target(&target);
-        let added = group.now;
-        let deadline = added + Duration::from_secs(2);
-        while group.replicas[3].as_ref().unwrap().leader_hint() != Some(&member(0).node) {
-            assert!(group.now < deadline, "n3 never heard n0; seed {seed}");
-            group.run(Duration::from_millis(1));
-        }
+        let took = group
+            .time_until(Duration::from_secs(2), |group| {
+                group.replicas[3].as_ref().unwrap().leader_hint() == Some(&member(0).node)
+            })
+            .unwrap_or_else(|| panic!("n3 never heard n0; seed {seed}"));
         assert!(
-            group.now - added <= Duration::from_millis(5),
-            "n3 heard its leader {:?} after it was added; seed {seed}",
-            group.now - added
+            took <= Duration::from_millis(5),
+            "n3 heard its leader {took:?} after it was added; seed {seed}"
         );
     }
 }
@@ -1376,16 +1391,12 @@ fn a_leader_hands_off_as_soon_as_the_target_catches_up() {
             "n1 is behind: no handoff yet; seed {seed}"
         );
         group.frozen = None;
-        let thawed = group.now;
-        let deadline = thawed + Duration::from_secs(2);
-        while group.leader() != Some(1) {
-            assert!(group.now < deadline, "n1 never led; seed {seed}");
-            group.run(Duration::from_millis(1));
-        }
+        let took = group
+            .time_until(Duration::from_secs(2), |group| group.leader() == Some(1))
+            .unwrap_or_else(|| panic!("n1 never led; seed {seed}"));
         assert!(
-            group.now - thawed <= Duration::from_millis(20),
-            "n1 led {:?} after it could catch up; seed {seed}",
-            group.now - thawed
+            took <= Duration::from_millis(20),
+            "n1 led {took:?} after it could catch up; seed {seed}"
         );
     }
 }
