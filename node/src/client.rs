@@ -613,3 +613,32 @@ impl KvClient {
         })
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Each attempt's request says the route it is sent with, whichever was encoded first.
+    #[test]
+    fn an_attempt_body_carries_its_route() {
+        let op = ClientOp::Put {
+            key: b"k".to_vec(),
+            value: vec![7; 100],
+        };
+        let mut bodies = AttemptBodies::new(op.clone());
+        for route in [
+            ClientRoute::LeaderSilent,
+            ClientRoute::Routed,
+            ClientRoute::LeaderSilent,
+        ] {
+            let decoded = wire::decode::<Request>(&bodies.get(route)).unwrap();
+            assert_eq!(
+                decoded,
+                Request::Client {
+                    op: op.clone(),
+                    route
+                }
+            );
+        }
+    }
+}
