@@ -42,6 +42,19 @@ pub fn encode<T: Serialize>(message: &T) -> Vec<u8> {
     postcard::to_allocvec(&envelope).expect("wire types always serialize")
 }
 
+/// Encodes `message` like [`encode`], into a buffer that starts with room for `capacity`
+/// bytes: for large messages whose size the caller can estimate (replication frames), which
+/// [`encode`] would grow a doubling at a time, copying what it holds each time.
+pub fn encode_with_capacity<T: Serialize>(message: &T, capacity: usize) -> Vec<u8> {
+    let envelope = Envelope {
+        version: WIRE_VERSION,
+        message,
+    };
+    // Invariant: as in `encode`.
+    postcard::to_extend(&envelope, Vec::with_capacity(capacity))
+        .expect("wire types always serialize")
+}
+
 /// Decodes a versioned envelope, rejecting another version and trailing bytes.
 pub fn decode<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, Error> {
     let (version, rest) =

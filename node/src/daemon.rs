@@ -924,7 +924,11 @@ impl NodeLoop {
                 }
                 Transmit::Replicate { to, node, batch } => {
                     // One way: the peer's replicas answer with messages of their own.
-                    let body = Bytes::from(wire::encode(&Request::Replicate(batch)));
+                    let capacity = batch.encoded_len_hint();
+                    let body = Bytes::from(wire::encode_with_capacity(
+                        &Request::Replicate(batch),
+                        capacity,
+                    ));
                     if let Err(error) =
                         self.endpoint
                             .send_message(to, &node, body, PEER_REQUEST_TIMEOUT)

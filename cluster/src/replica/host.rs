@@ -66,6 +66,18 @@ pub struct PeerBatch {
     pub messages: Vec<(u16, Member, Message)>,
 }
 
+impl PeerBatch {
+    /// About how many bytes the batch's encoding takes: its keys and values plus a fixed
+    /// allowance per message and entry (short for very long node names, which every ballot
+    /// repeats). For sizing the buffer it is encoded into; never a limit.
+    pub fn encoded_len_hint(&self) -> usize {
+        self.messages
+            .iter()
+            .map(|(_, _, message)| payload_bytes(message))
+            .sum()
+    }
+}
+
 /// A move of a shard this node leads (its voters differ from the target it was handed)
 /// starting or ending, for logs and tests.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -105,6 +117,12 @@ pub struct ShardHost {
     batch_of: BTreeMap<(u16, BatchId), HostBatchId>,
     persisted_through: Option<HostBatchId>,
     waiting: VecDeque<(Option<HostBatchId>, NodeId, u16, Member, Message)>,
+    /// `waiting`'s previous buffer, empty, kept for its capacity: every group commit passes
+    /// the waiting messages from one to the other, and a buffer grown anew each time showed as
+    /// a tenth of a loaded node's event loop (reallocations and fresh pages).
+    waiting_spare: VecDeque<(Option<HostBatchId>, NodeId, u16, Member, Message)>,
+    /// Messages free to leave, per peer; a peer's queue stays, empty, once sent (its buffer
+    /// is reused).
     ready: BTreeMap<NodeId, Vec<(u16, Member, Message)>>,
     replies: VecDeque<(u16, RequestTag, ClientReply)>,
     reads: VecDeque<(u16, SnapshotRead)>,
@@ -144,6 +162,7 @@ impl ShardHost {
             batch_of: BTreeMap::new(),
             persisted_through: None,
             waiting: VecDeque::new(),
+            waiting_spare: VecDeque::new(),
             ready: BTreeMap::new(),
             replies: VecDeque::new(),
             reads: VecDeque::new(),
@@ -399,11 +418,14 @@ impl ShardHost {
     /// [`FRAME_BUDGET`] bytes of keys and values (at least one message), so snapshot chunks
     /// of several shards never make a frame exceed the transport's 4 MiB.
     pub fn poll_transmit(&mut self) -> Option<(NodeId, PeerBatch)> {
-        let mut queued = self.ready.first_entry()?;
-        let peer = queued.key().clone();
+        let (peer, queued) = self
+            .ready
+            .iter_mut()
+            .find(|(_, queued)| !queued.is_empty())?;
+        let peer = peer.clone();
         let mut size = 0usize;
         let mut take = 0usize;
-        for (_, _, message) in queued.get() {
+        for (_, _, message) in queued.iter() {
             let bytes = payload_bytes(message);
             if take > 0 && size + bytes > FRAME_BUDGET {
                 break;
@@ -411,10 +433,9 @@ impl ShardHost {
             size += bytes;
             take += 1;
         }
-        let messages: Vec<_> = queued.get_mut().drain(..take).collect();
-        if queued.get().is_empty() {
-            queued.remove();
-        }
+        // The frame gets a buffer of its own size; the peer's queue keeps its buffer, so
+        // bursts (a heartbeat round of every shard) stop reallocating it once it has grown.
+        let messages: Vec<_> = queued.drain(..take).collect();
         Some((
             peer,
             PeerBatch {
@@ -602,9 +623,12 @@ impl ShardHost {
     /// Moves messages whose batch is now durable to the per-peer frames, keeping their order.
     /// Runs once per group commit, so it costs one pass over the waiting messages per fsync.
     fn release(&mut self) {
-        for (after, _, shard, to, message) in std::mem::take(&mut self.waiting) {
+        let spare = std::mem::take(&mut self.waiting_spare);
+        let mut passed = std::mem::replace(&mut self.waiting, spare);
+        for (after, _, shard, to, message) in passed.drain(..) {
             // Still waiting: back in `waiting`, in order.
             self.queue(after, shard, to, message);
         }
+        self.waiting_spare = passed;
     }
 }

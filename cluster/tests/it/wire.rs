@@ -46,6 +46,10 @@ proptest! {
             })],
         };
         let bytes = wire::encode(&batch);
+        // The same bytes whatever room the buffer starts with, the size hint's included.
+        for capacity in [0, 3, batch.encoded_len_hint()] {
+            prop_assert_eq!(&wire::encode_with_capacity(&batch, capacity), &bytes);
+        }
         prop_assert_eq!(wire::decode::<PeerBatch>(&bytes).unwrap(), batch);
     }
 
