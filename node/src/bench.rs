@@ -362,6 +362,7 @@ struct RetryTally {
     unavailable: AtomicU64,
     overloaded: AtomicU64,
     unsent: AtomicU64,
+    superseded: AtomicU64,
 }
 
 impl RetryTally {
@@ -372,6 +373,7 @@ impl RetryTally {
             unavailable: AtomicU64::new(0),
             overloaded: AtomicU64::new(0),
             unsent: AtomicU64::new(0),
+            superseded: AtomicU64::new(0),
         }
     }
 
@@ -385,6 +387,7 @@ impl RetryTally {
             (&self.unavailable, retries.unavailable),
             (&self.overloaded, retries.overloaded),
             (&self.unsent, retries.unsent),
+            (&self.superseded, retries.superseded),
         ] {
             counter.fetch_add(u64::from(count), Ordering::Relaxed);
         }
@@ -749,6 +752,7 @@ struct Retried {
     unavailable: u64,
     overloaded: u64,
     unsent: u64,
+    superseded: u64,
 }
 
 impl Retried {
@@ -759,6 +763,7 @@ impl Retried {
             unavailable: tally.unavailable.load(Ordering::Relaxed),
             overloaded: tally.overloaded.load(Ordering::Relaxed),
             unsent: tally.unsent.load(Ordering::Relaxed),
+            superseded: tally.superseded.load(Ordering::Relaxed),
         }
     }
 
@@ -774,6 +779,7 @@ impl Retried {
                 "unavailable": self.unavailable,
                 "overloaded": self.overloaded,
                 "unsent": self.unsent,
+                "superseded": self.superseded,
             },
             "latency_ms": {
                 "p50": self.ms(0.5),
@@ -790,13 +796,15 @@ impl Retried {
         (ops > 0).then(|| {
             format!(
                 "retried: {ops} operations took more than one attempt (p50 {} ms, p99 {} ms); \
-                 extra attempts after moved {}, unavailable {}, overloaded {}, unsent {}\n",
+                 extra attempts after moved {}, unavailable {}, overloaded {}, unsent {}, \
+                 superseded {}\n",
                 ms(self.ms(0.5)),
                 ms(self.ms(0.99)),
                 self.moved,
                 self.unavailable,
                 self.overloaded,
                 self.unsent,
+                self.superseded,
             )
         })
     }

@@ -131,12 +131,15 @@ pub(crate) struct Retries {
     pub(crate) overloaded: u32,
     /// Never delivered (no connection, or a read that timed out).
     pub(crate) unsent: u32,
+    /// Answered `superseded`: a write appended by a leader that then lost its leadership, and
+    /// replaced in the log by another entry, so never applied.
+    pub(crate) superseded: u32,
 }
 
 impl Retries {
     /// Attempts beyond the first.
     pub(crate) fn total(&self) -> u32 {
-        self.moved + self.unavailable + self.overloaded + self.unsent
+        self.moved + self.unavailable + self.overloaded + self.unsent + self.superseded
     }
 }
 
@@ -497,14 +500,25 @@ impl KvClient {
                         }
                     }
                 }
-                ClientReply::Moved { leader: None, .. } | ClientReply::Unavailable => {
-                    // Never appended. The target knows no leader; the seed may know a newer one
-                    // (a leader cut off from its peers steps down, and never hears whom the
+                never_applied @ (ClientReply::Moved { leader: None, .. }
+                | ClientReply::Unavailable
+                | ClientReply::Superseded) => {
+                    // Never applied: never appended, or (`Superseded`) appended by a leader
+                    // that lost its leadership and replaced at its index by the next leader's
+                    // entry. The target knows no leader; the seed may know a newer one (a
+                    // leader cut off from its peers steps down, and never hears whom the
                     // majority elected), so ask it again rather than the same target until the
                     // deadline.
-                    retries.unavailable += 1;
+                    if matches!(never_applied, ClientReply::Superseded) {
+                        retries.superseded += 1;
+                    } else {
+                        retries.unavailable += 1;
+                    }
                     self.routes().leaders.remove(&shard);
-                    tokio::time::sleep(backoff).await;
+                    tokio::time::sleep(
+                        backoff.min(deadline.saturating_duration_since(Instant::now())),
+                    )
+                    .await;
                     backoff = (backoff * 2).min(Duration::from_millis(200));
                     if let Ok((_, Some(leader))) = self.route(&key, deadline).await {
                         target = leader;

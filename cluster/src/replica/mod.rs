@@ -41,6 +41,19 @@ fn align_up(at: Duration, grid: Duration) -> Duration {
     u64::try_from(steps * grid_nanos).map_or(at, Duration::from_nanos)
 }
 
+/// The answer to an undecided write (attempt `tag`, appended under ballot `b`) once `entry`
+/// committed at its index. Committed entries are unique per index: ours (`Ok`), or ours can
+/// never commit (`Superseded`, not `Moved`: its entry was appended, and a refused attempt is
+/// one that never was; the model checks both "refused attempts never appended" and
+/// "superseded attempts never applied").
+fn decided_reply(entry: &Entry, tag: RequestTag, b: &Ballot) -> ClientReply {
+    if entry.tag == Some(tag) && &entry.ballot == b {
+        ClientReply::Ok { value: None }
+    } else {
+        ClientReply::Superseded
+    }
+}
+
 /// Timing and size knobs of a replica. Durations are on the caller's clock.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct ReplicaConfig {
@@ -3202,8 +3215,8 @@ impl ShardReplica {
     }
 
     /// Answers the undecided writes at indices up to `committed` (known committed here): `Ok`
-    /// where this log holds the write's own entry, else `Indeterminate` (another entry
-    /// committed at its index).
+    /// where this log holds the write's own entry, `Superseded` where it holds another one,
+    /// `Indeterminate` where it holds none (compacted).
     fn decide_undecided_upto(&mut self, committed: u64) {
         let decided: Vec<u64> = self
             .undecided
@@ -3214,14 +3227,9 @@ impl ShardReplica {
             let Some((tag, b, _)) = self.undecided.remove(&index) else {
                 continue;
             };
-            let ours = self
-                .durable
-                .entry(index)
-                .is_some_and(|entry| entry.tag == Some(tag) && entry.ballot == b);
-            let reply = if ours {
-                ClientReply::Ok { value: None }
-            } else {
-                ClientReply::Indeterminate
+            let reply = match self.durable.entry(index) {
+                Some(entry) => decided_reply(entry, tag, &b),
+                None => ClientReply::Indeterminate,
             };
             self.replies.push_back((tag, reply));
         }
@@ -3254,6 +3262,10 @@ impl ShardReplica {
             let Some(entry) = self.durable.entry(index).cloned() else {
                 break;
             };
+            let decided = self
+                .undecided
+                .remove(&index)
+                .map(|(tag, b, _)| (tag, decided_reply(&entry, tag, &b)));
             let writes = match entry.op {
                 Op::Put { key, value } => {
                     self.durable.kv.insert(key.clone(), value.clone());
@@ -3273,17 +3285,8 @@ impl ShardReplica {
                 self.replies
                     .push_back((tag, ClientReply::Ok { value: None }));
             }
-            if let Some((tag, b, _)) = self.undecided.remove(&index) {
-                // Committed entries are unique per index: ours (`Ok`), or ours can never commit.
-                // Even then the attempt stays `Indeterminate`, not `Moved`: its entry was
-                // appended, and a refused attempt is one that never was (the model checks
-                // "refused attempts never appended").
-                let reply = if entry.tag == Some(tag) && entry.ballot == b {
-                    ClientReply::Ok { value: None }
-                } else {
-                    ClientReply::Indeterminate
-                };
-                self.replies.push_back((tag, reply));
+            if let Some(decided) = decided {
+                self.replies.push_back(decided);
             }
             if self
                 .verify_asked

@@ -547,7 +547,8 @@ pub enum ClientRoute {
 }
 
 /// The answer to a client attempt (R10). `Moved` and `Unavailable` are definite: the attempt
-/// was never appended and never will be.
+/// was never appended and never will be. `Superseded` is definite too: appended, and never
+/// applied.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub enum ClientReply {
     /// Committed (writes) or read at a linearizable point (reads; `value` is the value).
@@ -568,6 +569,10 @@ pub enum ClientReply {
     Unavailable,
     /// Appended but not known to be committed when leadership was lost.
     Indeterminate,
+    /// Appended by a leader that lost its leadership, and another leader's entry committed at
+    /// its index: it was never applied and never will be (an entry has one index), so sending
+    /// the operation again is safe.
+    Superseded,
 }
 
 mod option_node_id {

@@ -84,6 +84,7 @@ const LOG_MATCHING: &str = "log matching";
 const COMMITTED: &str = "committed prefixes agree";
 const ACKED: &str = "acknowledged writes survive";
 const REFUSED: &str = "refused attempts never appended";
+const SUPERSEDED: &str = "superseded attempts never applied";
 const LINEARIZABLE: &str = "linearizable";
 const ASSERTION: &str = "no failed assertion in the core";
 const MEMBERS: &str = "promises counted only from members";
@@ -238,6 +239,11 @@ fn model(knobs: Knobs, clients: &[ClientPlan], crashes: Crashes) -> Model {
         )
         .property(Expectation::Always, ACKED, props::acked_writes_survive)
         .property(Expectation::Always, REFUSED, props::refused_never_appended)
+        .property(
+            Expectation::Always,
+            SUPERSEDED,
+            props::superseded_never_applied,
+        )
         .property(Expectation::Always, LINEARIZABLE, props::linearizable)
         .property(Expectation::Always, ASSERTION, props::no_failed_assertion)
         .property(Expectation::Always, MEMBERS, props::promises_from_members)

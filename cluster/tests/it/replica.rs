@@ -969,6 +969,45 @@ fn a_deposed_leaders_unreplicated_suffix_is_replaced() {
     }
 }
 
+/// A leader cut off with writes that only it appended is replaced; once it hears the next
+/// leader, whose entries took those writes' indices, it answers them `Superseded` (never
+/// applied, so a client may send them again), not `Indeterminate`.
+#[test]
+fn a_deposed_leaders_overwritten_writes_are_answered_superseded() {
+    for seed in seeds(20) {
+        let mut group = Group::new(3, seed);
+        group.run(Duration::from_secs(1));
+        let first = group.leader().expect("a leader within a second");
+        assert_eq!(write_keys(&mut group, first, 0..5).len(), 5, "seed {seed}");
+        group.cut_off(first);
+        for key in 100..103 {
+            group.client(first, tag(key), put(key));
+        }
+        // Well within the 2 s a deposed leader waits for its log to decide its writes.
+        group.run(Duration::from_millis(900));
+        let second = group.leader().expect("a new leader on the majority side");
+        assert_ne!(second, first, "seed {seed}");
+        assert_eq!(
+            write_keys(&mut group, second, 200..203).len(),
+            3,
+            "seed {seed}"
+        );
+        group.cut.clear();
+        group.run(Duration::from_millis(500));
+        for key in 100..103 {
+            assert_eq!(
+                group.replies.get(&tag(key)),
+                Some(&ClientReply::Superseded),
+                "key {key}, seed {seed}"
+            );
+        }
+        assert!(
+            !durable(&group, second).kv.contains_key(b"k100".as_slice()),
+            "a superseded write was applied; seed {seed}"
+        );
+    }
+}
+
 /// A leader goes idle after a second without traffic; its followers then excuse its silence for
 /// `t_elect + idle_heartbeat` (1.3 s). A client that asks a follower because the leader did not
 /// answer it ends the excuse: the followers stand as for an active leader, without SWIM's

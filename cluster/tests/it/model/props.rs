@@ -29,6 +29,8 @@ pub(crate) struct Record {
     pub(crate) acked: BTreeSet<RequestTag>,
     /// Attempts answered `Moved` or `Unavailable` (definite: never appended).
     pub(crate) refused: BTreeSet<RequestTag>,
+    /// Attempts answered `Superseded` (definite: never applied).
+    pub(crate) superseded: BTreeSet<RequestTag>,
     /// `Get`s answered `Ok`.
     pub(crate) reads: u8,
     /// `Get`s answered `Ok` by another replica than `n0` (the first leader).
@@ -48,6 +50,7 @@ impl History {
             tester: LinearizabilityTester::new(Register(None)),
             acked: BTreeSet::new(),
             refused: BTreeSet::new(),
+            superseded: BTreeSet::new(),
             reads: 0,
             reads_elsewhere: 0,
         }))
@@ -111,6 +114,9 @@ pub(crate) fn record_in(
         }
         ClientReply::Moved { .. } | ClientReply::Unavailable => {
             record.refused.insert(*tag);
+        }
+        ClientReply::Superseded => {
+            record.superseded.insert(*tag);
         }
         ClientReply::Indeterminate => return None,
     }
@@ -321,6 +327,25 @@ pub(crate) fn refused_never_appended(_: &Model, state: &State) -> bool {
         }
     }
     true
+}
+
+/// R10: an attempt answered `Superseded` is applied by no replica, in memory or on disk:
+/// wherever its entry sits in a log, that replica has not applied up to it (and so, with committed prefixes agreeing,
+/// never will, as another entry committed at that index).
+pub(crate) fn superseded_never_applied(_: &Model, state: &State) -> bool {
+    if state.history.superseded.is_empty() {
+        return true;
+    }
+    let durables = live(state).map(ShardReplica::durable).chain(disks(state));
+    durables.into_iter().all(|durable| {
+        durable.log.iter().all(|entry| {
+            entry.index > durable.applied
+                || entry
+                    .tag
+                    .as_ref()
+                    .is_none_or(|tag| !state.history.superseded.contains(tag))
+        })
+    })
 }
 
 /// I7: the clients' history of the one key is linearizable.
