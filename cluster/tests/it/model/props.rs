@@ -330,14 +330,14 @@ pub(crate) fn refused_never_appended(_: &Model, state: &State) -> bool {
 }
 
 /// R10: an attempt answered `Superseded` is applied by no replica, in memory or on disk:
-/// wherever its entry sits in a log, that replica has not applied up to it (and so, with committed prefixes agreeing,
-/// never will, as another entry committed at that index).
+/// wherever its entry sits in a log, that replica has not applied up to it (and so, with
+/// committed prefixes agreeing, never will, as another entry committed at that index).
 pub(crate) fn superseded_never_applied(_: &Model, state: &State) -> bool {
     if state.history.superseded.is_empty() {
         return true;
     }
-    let durables = live(state).map(ShardReplica::durable).chain(disks(state));
-    durables.into_iter().all(|durable| {
+    let mut durables = live(state).map(ShardReplica::durable).chain(disks(state));
+    durables.all(|durable| {
         durable.log.iter().all(|entry| {
             entry.index > durable.applied
                 || entry
