@@ -6,8 +6,10 @@
 //! `moved` that names no leader) the next attempt goes wherever the seed then says the shard
 //! leads: the node asked may have lost its leadership, cut off from a majority that has
 //! elected another leader it cannot name. Retries: an attempt the cluster answered with
-//! `moved` or `unavailable` was never appended (PROTOCOL.md R10), and a request that never
-//! left this process was never seen, so both are retried until the deadline. A write that may
+//! `moved` or `unavailable` was never appended (PROTOCOL.md R10), one answered `superseded` was
+//! appended but replaced at its index by another leader's entry, so it never applies, and a
+//! request that never left this process was never seen, so all three are retried until the
+//! deadline. A write that may
 //! have reached a leader without a definite answer (a timeout, a closed connection, or
 //! `indeterminate`) is *not* retried: it is reported as indeterminate, because it may yet
 //! commit. Reads are always safe to retry.
@@ -34,7 +36,7 @@
 //!
 //! What it deliberately does not do: no connection pooling beyond the endpoint's cache, no
 //! pipelining (a caller runs many operations concurrently with many clients), no
-//! deduplication of retried writes (none is ever retried once it may have been delivered).
+//! deduplication of retried writes (none is ever retried while it may still apply).
 
 use std::collections::{HashMap, HashSet};
 use std::net::SocketAddr;
@@ -631,6 +633,165 @@ impl KvClient {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use cluster::wire::{NodeRef, ShardForView};
+    use tokio::sync::mpsc;
+    use transport::{ClientTls, Inbound, Limits, NodeTls, pki};
+
+    /// A node that says it leads every key's shard and answers its client operations from a
+    /// script, one reply per attempt (then `unavailable`), counting the attempts it saw.
+    struct ScriptedLeader {
+        addr: SocketAddr,
+        attempts: Arc<Mutex<Vec<ClientOp>>>,
+        _endpoint: Endpoint,
+        certs: tempfile::TempDir,
+    }
+
+    impl ScriptedLeader {
+        fn start(script: Vec<ClientReply>) -> ScriptedLeader {
+            let certs = tempfile::Builder::new()
+                .prefix("slotring-client-")
+                .tempdir()
+                .expect("temp dir");
+            let id = NodeId::new("n1").expect("node id");
+            pki::init_cluster_ca(certs.path()).expect("ca");
+            pki::issue_node_cert(certs.path(), &id).expect("node certificate");
+            let tls = NodeTls::load(certs.path(), &id).expect("node tls");
+            let (endpoint, inbound) = Endpoint::bind(
+                SocketAddr::from(([127, 0, 0, 1], 0)),
+                tls,
+                Limits::default(),
+            )
+            .expect("bind");
+            let addr = endpoint.local_addr();
+            let attempts = Arc::new(Mutex::new(Vec::new()));
+            tokio::spawn(Self::answer(inbound, id, addr, script, attempts.clone()));
+            ScriptedLeader {
+                addr,
+                attempts,
+                _endpoint: endpoint,
+                certs,
+            }
+        }
+
+        async fn answer(
+            mut inbound: mpsc::Receiver<Inbound>,
+            id: NodeId,
+            addr: SocketAddr,
+            script: Vec<ClientReply>,
+            attempts: Arc<Mutex<Vec<ClientOp>>>,
+        ) {
+            let mut script = script.into_iter();
+            while let Some(item) = inbound.recv().await {
+                let Inbound::Request {
+                    body, responder, ..
+                } = item
+                else {
+                    continue;
+                };
+                let response = match wire::decode::<Request>(&body).expect("a request") {
+                    Request::ShardFor { .. } => Response::ShardFor(ShardForView {
+                        shard: 7,
+                        leader: Some(NodeRef {
+                            id: id.clone(),
+                            addr: Some(addr),
+                        }),
+                    }),
+                    Request::Client { op, .. } => {
+                        attempts.lock().unwrap().push(op);
+                        Response::Client(script.next().unwrap_or(ClientReply::Unavailable))
+                    }
+                    other => panic!("unexpected request {other:?}"),
+                };
+                responder
+                    .respond(Bytes::from(wire::encode(&response)))
+                    .expect("respond");
+            }
+        }
+
+        fn client(&self) -> KvClient {
+            let tls = ClientTls::load(self.certs.path()).expect("client tls");
+            let endpoint = Endpoint::client(tls, Limits::default()).expect("client endpoint");
+            KvClient::new(endpoint, self.addr, Duration::from_secs(1))
+        }
+
+        fn attempts(&self) -> usize {
+            self.attempts.lock().unwrap().len()
+        }
+    }
+
+    fn put() -> ClientOp {
+        ClientOp::Put {
+            key: b"k".to_vec(),
+            value: b"v".to_vec(),
+        }
+    }
+
+    /// What the client does with each answer: sends again what was never applied, reports
+    /// what may have been, and retries reads whatever happened to them.
+    #[tokio::test]
+    async fn only_answers_that_prove_nothing_applied_make_a_write_go_again() {
+        let ok = || ClientReply::Ok { value: None };
+        let cases = [
+            ("superseded write", put(), ClientReply::Superseded, true),
+            ("unavailable write", put(), ClientReply::Unavailable, true),
+            (
+                "indeterminate write",
+                put(),
+                ClientReply::Indeterminate,
+                false,
+            ),
+            (
+                "indeterminate read",
+                ClientOp::Get { key: b"k".to_vec() },
+                ClientReply::Indeterminate,
+                true,
+            ),
+        ];
+        for (case, op, first, sent_again) in cases {
+            let leader = ScriptedLeader::start(vec![first, ok()]);
+            let mut retries = Retries::default();
+            let deadline = Instant::now() + Duration::from_secs(10);
+            let outcome = leader
+                .client()
+                .execute_counted(op, deadline, &mut retries)
+                .await;
+            if sent_again {
+                assert!(outcome.is_ok(), "{case}: {outcome:?}");
+                assert_eq!(leader.attempts(), 2, "{case}");
+                assert_eq!(retries.total(), 1, "{case}: {retries:?}");
+            } else {
+                assert!(
+                    matches!(outcome, Err(KvError::Indeterminate { .. })),
+                    "{case}: {outcome:?}"
+                );
+                assert_eq!(leader.attempts(), 1, "{case}: never sent again");
+            }
+        }
+    }
+
+    /// A superseded attempt is counted as such, not as `unavailable`.
+    #[tokio::test]
+    async fn a_superseded_retry_is_counted_as_superseded() {
+        let leader = ScriptedLeader::start(vec![
+            ClientReply::Superseded,
+            ClientReply::Superseded,
+            ClientReply::Ok { value: None },
+        ]);
+        let mut retries = Retries::default();
+        let deadline = Instant::now() + Duration::from_secs(10);
+        let outcome = leader
+            .client()
+            .execute_counted(put(), deadline, &mut retries)
+            .await;
+        assert!(outcome.is_ok(), "{outcome:?}");
+        assert_eq!(
+            retries,
+            Retries {
+                superseded: 2,
+                ..Retries::default()
+            }
+        );
+    }
 
     /// Each attempt's request says the route it is sent with, whichever was encoded first.
     #[test]

@@ -104,6 +104,12 @@ impl<T> Backlog<T> {
     }
 }
 
+/// How many waiting client requests one turn may hand the core while `in_core` operations
+/// it was handed are unanswered: a [`CLIENT_SLICE`], up to [`MAX_CLIENT_OPS_IN_CORE`] inside.
+fn admissible_clients(in_core: usize) -> usize {
+    CLIENT_SLICE.min(MAX_CLIENT_OPS_IN_CORE.saturating_sub(in_core))
+}
+
 /// Whether `message` is a request from a client (not a node) identity.
 fn is_from_client(message: &Inbound) -> bool {
     matches!(
@@ -791,15 +797,15 @@ impl NodeLoop {
     /// Hands at most [`CLIENT_SLICE`] waiting client requests to the core, while fewer than
     /// [`MAX_CLIENT_OPS_IN_CORE`] wait for their answers there.
     fn serve_clients(&mut self) {
-        let room = MAX_CLIENT_OPS_IN_CORE.saturating_sub(self.clients.len());
-        for message in self.client_backlog.take(CLIENT_SLICE.min(room)) {
+        let admitted = admissible_clients(self.clients.len());
+        for message in self.client_backlog.take(admitted) {
             self.handle_inbound(message);
         }
     }
 
     /// Whether [`NodeLoop::serve_clients`] would hand the core anything now.
     fn can_serve_clients(&self) -> bool {
-        !self.client_backlog.is_empty() && self.clients.len() < MAX_CLIENT_OPS_IN_CORE
+        !self.client_backlog.is_empty() && admissible_clients(self.clients.len()) > 0
     }
 
     fn handle_inbound(&mut self, message: Inbound) {
@@ -1059,6 +1065,36 @@ mod tests {
         assert_eq!(backlog.offer(4), Ok(()), "room again after taking");
         assert_eq!(backlog.take(10), vec![2, 4]);
         assert!(backlog.is_empty());
+    }
+
+    /// A burst of client requests enters the core a slice per turn and never beyond the cap
+    /// while none is answered; the rest wait in the backlog, and the overflow is refused.
+    #[test]
+    fn client_requests_enter_the_core_in_slices_up_to_the_cap() {
+        let mut backlog = Backlog::new(MAX_CLIENT_BACKLOG);
+        let burst = MAX_CLIENT_BACKLOG + 100;
+        let refused = (0..burst)
+            .filter(|request| backlog.offer(*request).is_err())
+            .count();
+        assert_eq!(refused, 100);
+        let mut in_core = Vec::new();
+        let mut per_turn = Vec::new();
+        for _turn in 0..4 {
+            let admitted = backlog.take(admissible_clients(in_core.len()));
+            per_turn.push(admitted.len());
+            in_core.extend(admitted);
+        }
+        assert_eq!(per_turn, [CLIENT_SLICE, CLIENT_SLICE, 0, 0]);
+        assert_eq!(in_core.len(), MAX_CLIENT_OPS_IN_CORE);
+        assert_eq!(
+            in_core,
+            (0..MAX_CLIENT_OPS_IN_CORE).collect::<Vec<_>>(),
+            "in order"
+        );
+        // Answers make room for exactly as many.
+        in_core.drain(..10);
+        assert_eq!(admissible_clients(in_core.len()), 10);
+        assert_eq!(admissible_clients(usize::MAX), 0);
     }
 
     #[test]
