@@ -11,6 +11,7 @@ use super::{
     BatchId, ClientOp, ClientReply, ClientRoute, Config, Durable, Member, Message, Op, Persist,
     RejectReason, ReplicaConfig, RequestTag, ShardReplica, SnapshotRead, SnapshotReadReply,
     StorageId, VerifyOutcome,
+    shard_map::{ShardDeadlines, ShardMap},
 };
 
 /// About how many bytes of keys and values one [`PeerBatch`] carries at most (a single larger
@@ -107,9 +108,8 @@ pub struct ShardHost {
     me: Member,
     config: ReplicaConfig,
     seed: u64,
-    replicas: BTreeMap<u16, ShardReplica>,
-    deadlines: BTreeSet<(Duration, u16)>,
-    deadline_of: BTreeMap<u16, Duration>,
+    replicas: ShardMap<Box<ShardReplica>>,
+    deadlines: ShardDeadlines,
     open: Vec<(u16, Persist)>,
     next_batch: u64,
     in_flight: Option<HostBatchId>,
@@ -127,7 +127,7 @@ pub struct ShardHost {
     replies: VecDeque<(u16, RequestTag, ClientReply)>,
     reads: VecDeque<(u16, SnapshotRead)>,
     /// The target each replica was handed last.
-    given: BTreeMap<u16, Vec<Member>>,
+    given: ShardMap<Vec<Member>>,
     /// Targets not handed over yet: each would start a move while `max_moves` shards this
     /// node leads are moving. Handed over in shard order as moves finish.
     queued_targets: BTreeMap<u16, Vec<Member>>,
@@ -152,9 +152,8 @@ impl ShardHost {
             me: Member { node, storage },
             config,
             seed,
-            replicas: BTreeMap::new(),
-            deadlines: BTreeSet::new(),
-            deadline_of: BTreeMap::new(),
+            replicas: ShardMap::new(),
+            deadlines: ShardDeadlines::new(),
             open: Vec::new(),
             next_batch: 0,
             in_flight: None,
@@ -166,7 +165,7 @@ impl ShardHost {
             ready: BTreeMap::new(),
             replies: VecDeque::new(),
             reads: VecDeque::new(),
-            given: BTreeMap::new(),
+            given: ShardMap::new(),
             queued_targets: BTreeMap::new(),
             moving: BTreeSet::new(),
             move_changes: VecDeque::new(),
@@ -184,7 +183,7 @@ impl ShardHost {
 
     /// The replica of `shard`, if this node holds one.
     pub fn replica(&self, shard: u16) -> Option<&ShardReplica> {
-        self.replicas.get(&shard)
+        self.replicas.get(shard).map(|replica| &**replica)
     }
 
     /// How many replicas this node holds (tombstoned ones included).
@@ -196,7 +195,7 @@ impl ShardHost {
     pub fn replicas(&self) -> impl Iterator<Item = (u16, &ShardReplica)> {
         self.replicas
             .iter()
-            .map(|(shard, replica)| (*shard, replica))
+            .map(|(shard, replica)| (shard, &**replica))
     }
 
     /// Starts (or restarts) the replica of `shard` from `durable`: on bootstrap with
@@ -211,7 +210,7 @@ impl ShardHost {
             self.config.clone(),
             seed,
         );
-        self.replicas.insert(shard, replica);
+        self.replicas.insert(shard, Box::new(replica));
         self.drain(now, shard);
     }
 
@@ -219,7 +218,7 @@ impl ShardHost {
     /// the only voter) and persists it: the next [`poll_persist`](Self::poll_persist) holds it.
     pub fn bootstrap_shard(&mut self, now: Duration, shard: u16, config: Config) {
         self.open_shard(now, shard, Durable::bootstrap(config));
-        if let Some(replica) = self.replicas.get_mut(&shard) {
+        if let Some(replica) = self.replicas.get_mut(shard) {
             replica.persist_base(now);
         }
         self.drain(now, shard);
@@ -228,7 +227,7 @@ impl ShardHost {
     /// Messages from peer replicas (one frame from one node).
     pub fn handle_peer_batch(&mut self, now: Duration, batch: PeerBatch) {
         for (shard, to, message) in batch.messages {
-            if !self.replicas.contains_key(&shard) {
+            if !self.replicas.contains_key(shard) {
                 match &message {
                     // Only a leader creates shard state on another node (R6).
                     Message::Append { .. } | Message::Snapshot { .. } if to == self.me => {
@@ -245,7 +244,7 @@ impl ShardHost {
                     _ => continue,
                 }
             }
-            if let Some(replica) = self.replicas.get_mut(&shard) {
+            if let Some(replica) = self.replicas.get_mut(shard) {
                 replica.handle_message(now, batch.from.clone(), to, message);
                 self.drain(now, shard);
             }
@@ -263,7 +262,7 @@ impl ShardHost {
         op: ClientOp,
         route: ClientRoute,
     ) {
-        match self.replicas.get_mut(&shard) {
+        match self.replicas.get_mut(shard) {
             Some(replica) => {
                 replica.handle_client(now, tag, op, route);
                 self.drain(now, shard);
@@ -278,10 +277,10 @@ impl ShardHost {
     /// The replica set placement wants for `shard`. A target that would start a move (change
     /// the voters of a shard this node leads) waits while `max_moves` shards are moving here.
     pub fn handle_target(&mut self, now: Duration, shard: u16, target: Vec<Member>) {
-        if !self.replicas.contains_key(&shard) {
+        if !self.replicas.contains_key(shard) {
             return;
         }
-        if self.given.get(&shard) == Some(&target) {
+        if self.given.get(shard) == Some(&target) {
             self.queued_targets.remove(&shard);
             return;
         }
@@ -315,7 +314,7 @@ impl ShardHost {
             self.move_changes.push_back(MoveChange::Started { shard });
         }
         self.given.insert(shard, target.clone());
-        if let Some(replica) = self.replicas.get_mut(&shard) {
+        if let Some(replica) = self.replicas.get_mut(shard) {
             replica.handle_target(now, target);
             self.drain(now, shard);
         }
@@ -324,7 +323,7 @@ impl ShardHost {
     /// Whether the replica of `shard` leads and its voters are not `target`'s members (or it
     /// has learners): handing it `target` starts, or continues, a move.
     fn starts_move(&self, shard: u16, target: &[Member]) -> bool {
-        let Some(replica) = self.replicas.get(&shard) else {
+        let Some(replica) = self.replicas.get(shard) else {
             return false;
         };
         if replica.established_ballot().is_none() {
@@ -347,9 +346,9 @@ impl ShardHost {
 
     /// Members this node's view holds down.
     pub fn handle_view(&mut self, now: Duration, dead: &BTreeSet<NodeId>) {
-        let shards: Vec<u16> = self.replicas.keys().copied().collect();
+        let shards: Vec<u16> = self.replicas.keys().collect();
         for shard in shards {
-            if let Some(replica) = self.replicas.get_mut(&shard) {
+            if let Some(replica) = self.replicas.get_mut(shard) {
                 replica.handle_view(now, dead.clone());
             }
             self.drain(now, shard);
@@ -366,7 +365,7 @@ impl ShardHost {
         self.persisted_through = Some(batch);
         for (shard, replica_batch) in std::mem::take(&mut self.in_flight_items) {
             self.batch_of.remove(&(shard, replica_batch));
-            if let Some(replica) = self.replicas.get_mut(&shard) {
+            if let Some(replica) = self.replicas.get_mut(shard) {
                 replica.handle_persisted(now, replica_batch);
             }
             self.drain(now, shard);
@@ -377,13 +376,12 @@ impl ShardHost {
 
     /// Fires every replica timer due at `now`.
     pub fn handle_timeout(&mut self, now: Duration) {
-        while let Some(&(at, shard)) = self.deadlines.first() {
+        while let Some((at, shard)) = self.deadlines.first() {
             if at > now {
                 break;
             }
             self.deadlines.pop_first();
-            self.deadline_of.remove(&shard);
-            if let Some(replica) = self.replicas.get_mut(&shard)
+            if let Some(replica) = self.replicas.get_mut(shard)
                 && let Some((due, timer)) = replica.poll_timeout()
                 && due <= now
             {
@@ -467,7 +465,7 @@ impl ShardHost {
                 .move_budget
                 .saturating_sub(i64::try_from(bytes).unwrap_or(i64::MAX));
         }
-        if let Some(replica) = self.replicas.get_mut(&shard) {
+        if let Some(replica) = self.replicas.get_mut(shard) {
             replica.handle_snapshot_read(now, reply);
             self.drain(now, shard);
         }
@@ -477,7 +475,7 @@ impl ShardHost {
     /// When [`handle_timeout`](Self::handle_timeout) next has work: a replica's timer, or
     /// the moment the rate limit lets a held snapshot read go.
     pub fn poll_timeout(&self) -> Option<Duration> {
-        let replica = self.deadlines.first().map(|(at, _)| *at);
+        let replica = self.deadlines.first().map(|(at, _)| at);
         let read = (!self.held_reads.is_empty()).then(|| {
             let rate = self.config.move_bytes_per_sec.max(1);
             // Reads are held only while the budget is at most 0: wait until it is 1 byte.
@@ -526,7 +524,7 @@ impl ShardHost {
 
     /// Collects one replica's outputs.
     fn drain(&mut self, now: Duration, shard: u16) {
-        let Some(replica) = self.replicas.get_mut(&shard) else {
+        let Some(replica) = self.replicas.get_mut(shard) else {
             return;
         };
         while let Some(persist) = replica.poll_persist() {
@@ -555,7 +553,7 @@ impl ShardHost {
         // a replica holding its target becomes leader, and it counts from then on.
         if self
             .given
-            .get(&shard)
+            .get(shard)
             .is_some_and(|target| self.starts_move(shard, target))
         {
             if self.moving.insert(shard) {
@@ -564,24 +562,16 @@ impl ShardHost {
         } else if self.moving.remove(&shard) {
             let done = self
                 .replicas
-                .get(&shard)
+                .get(shard)
                 .is_some_and(|replica| replica.established_ballot().is_some());
             self.move_changes
                 .push_back(MoveChange::Ended { shard, done });
         }
-        let Some(replica) = self.replicas.get_mut(&shard) else {
+        let Some(replica) = self.replicas.get_mut(shard) else {
             return;
         };
         let deadline = replica.poll_timeout().map(|(at, _)| at);
-        if self.deadline_of.get(&shard).copied() != deadline {
-            if let Some(old) = self.deadline_of.remove(&shard) {
-                self.deadlines.remove(&(old, shard));
-            }
-            if let Some(at) = deadline {
-                self.deadlines.insert((at, shard));
-                self.deadline_of.insert(shard, at);
-            }
-        }
+        self.deadlines.set(shard, deadline);
         for message in outgoing {
             // A replica batch is either still open (it joins the next group commit) or in
             // flight; either way it maps to the host batch that will carry it.

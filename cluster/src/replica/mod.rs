@@ -14,6 +14,7 @@
 
 mod bytes;
 mod host;
+mod shard_map;
 mod snapshot;
 mod types;
 
@@ -3268,7 +3269,17 @@ impl ShardReplica {
                 .map(|(tag, b, _)| (tag, decided_reply(&entry, tag, &b)));
             let writes = match entry.op {
                 Op::Put { key, value } => {
-                    self.durable.kv.insert(key.clone(), value.clone());
+                    // An overwrite keeps the key's allocation, and the value's when it is
+                    // not much larger than the new value.
+                    match self.durable.kv.get_mut(&key) {
+                        Some(held) if held.capacity() <= 2 * value.len() + 64 => {
+                            held.clone_from(&value);
+                        }
+                        Some(held) => *held = value.clone(),
+                        None => {
+                            self.durable.kv.insert(key.clone(), value.clone());
+                        }
+                    }
                     vec![(key, Some(value))]
                 }
                 Op::Del { key } => {
