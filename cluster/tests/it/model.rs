@@ -98,12 +98,13 @@ const DUEL: &str = "two candidates at the same n";
 const OLD_ON_MAJORITY: &str = "an older ballot's entry on a majority under a newer leader";
 
 /// Every `Always` property.
-const ALWAYS: [&str; 9] = [
+const ALWAYS: [&str; 10] = [
     ONE_LEADER,
     LOG_MATCHING,
     COMMITTED,
     ACKED,
     REFUSED,
+    SUPERSEDED,
     LINEARIZABLE,
     ASSERTION,
     MEMBERS,
