@@ -1077,7 +1077,48 @@ impl Cluster {
         }
     }
 
+    /// Whether the ring's members are the active members [`refresh_table`](Self::refresh_table)
+    /// would give it, found without allocating: this runs after every input, and replication
+    /// traffic (most inputs) never changes membership. A member listed twice (two lives), or
+    /// a ring of over [`Self::QUICK_CHECK_MEMBERS`], answers `false`, and the full comparison
+    /// decides.
+    fn ring_is_current(&self) -> bool {
+        let members = || {
+            self.foca
+                .iter_members()
+                .map(Member::id)
+                .filter(|id| id.spec == self.fingerprint)
+                .chain((!self.leaving).then(|| self.foca.identity()))
+        };
+        let all_draining = members().all(|id| id.meta.draining);
+        let ring = self.ring.members();
+        if ring.len() > Self::QUICK_CHECK_MEMBERS {
+            return false;
+        }
+        // One bit per ring member, set when an active member is it.
+        let mut seen = [0u64; Self::QUICK_CHECK_MEMBERS / 64];
+        let mut count = 0;
+        for id in members().filter(|id| all_draining || !id.meta.draining) {
+            let Ok(index) = ring.binary_search(&id.node_id) else {
+                return false;
+            };
+            let (word, bit) = (index / 64, 1u64 << (index % 64));
+            if seen[word] & bit != 0 {
+                return false;
+            }
+            seen[word] |= bit;
+            count += 1;
+        }
+        count == ring.len()
+    }
+
+    /// The largest ring [`ring_is_current`](Self::ring_is_current) checks by itself.
+    const QUICK_CHECK_MEMBERS: usize = 1024;
+
     fn refresh_table(&mut self) {
+        if self.ring_is_current() {
+            return;
+        }
         // Draining members are left out, unless every member drains (a table needs members).
         let members: Vec<&Identity> = self
             .foca
