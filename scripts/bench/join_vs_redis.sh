@@ -3,8 +3,9 @@
 # 100 bytes, in slotring and in Redis Cluster, on this machine, in one run.
 #
 # slotring: a 3-node cluster (scripts/cluster.sh, release build), filled with `node bench
-# --sequential` (every key written once, acknowledged by a majority), left 5 s so that the
-# folds put the fill into redb (snapshots are read from there), then a 4th node started with
+# --sequential` (every key written once, acknowledged by a majority), left until the nodes are
+# quiet (the folds have put the fill into redb: snapshots are read from there, and the idle
+# writer below must not run beside them), then a 4th node started with
 # --join. Timed from the start of the 4th process until every leader reports no moving shard
 # (`node status`: every shard's voters are placement's target) and `node check` passes (every
 # shard has 3 replicas, all nodes agree on the table, replicas at equal applied index hold equal
@@ -77,6 +78,33 @@ log() { echo "$*" | tee -a "$OUT"; }
 now() { date +%s.%N; }
 # secs_since T0: seconds from T0 to now, 3 decimals.
 secs_since() { awk -v a="$1" -v b="$(now)" 'BEGIN { printf "%.3f", b - a }'; }
+# node_ticks: the CPU time (user + system, in clock ticks) the running slotring nodes used.
+node_ticks() {
+    local total=0 pid fields
+    for pid in $(cat .cluster/n*.pid 2>/dev/null); do
+        [[ -r /proc/$pid/stat ]] || continue
+        read -ra fields < <(sed 's/.*) //' "/proc/$pid/stat")
+        total=$((total + fields[11] + fields[12]))
+    done
+    echo "$total"
+}
+# wait_quiet: polls until the nodes together used under a tenth of a core for a whole second
+# (at least 5 s after the call, at most 120 s), and logs how long that took.
+wait_quiet() {
+    local start=$SECONDS before after hz
+    hz=$(getconf CLK_TCK)
+    sleep 5
+    while ((SECONDS - start < 120)); do
+        before=$(node_ticks)
+        sleep 1
+        after=$(node_ticks)
+        if (((after - before) * 10 < hz)); then
+            log "slotring quiet after $((SECONDS - start)) s (folds done)"
+            return
+        fi
+    done
+    log "slotring still busy after 120 s: measuring anyway"
+}
 # json_field FILE EXPR: a python expression over the JSON document `d` in FILE.
 json_field() { python3 -c "import json, sys; d = json.load(open(sys.argv[1])); print($2)" "$1"; }
 
@@ -102,7 +130,9 @@ t0=$(now)
 fill_ok=$(json_field "$WORK/fill.json" 'd["writes"]["ok"]')
 log "slotring fill: $fill_ok of $KEYS writes acknowledged in $(secs_since "$t0") s"
 [[ $fill_ok == "$KEYS" ]] || { echo "the fill lost writes" >&2; exit 1; }
-sleep 5 # the folds (every 1–3 s) put the fill into redb
+# The folds put the fill into redb (snapshots are read from there) after it; the idle writer
+# must not run beside them, or "idle" is the cluster still folding a million keys.
+wait_quiet
 
 # paced NAME: the paced writer for 10 s in the background; its JSON lands in WORK/NAME.json.
 paced() {
