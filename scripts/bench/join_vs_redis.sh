@@ -23,6 +23,7 @@
 #
 # usage: scripts/bench/join_vs_redis.sh
 #        KEYS=1000000 RATE=2000 SLOTRING_MAX_MOVES=4 SLOTRING_BASE_PORT=7600 REDIS_BENCH_PORT=7700
+#        SLOTRING_NODE_BIN=PATH: that node binary, not a fresh release build
 #        KEEP_LOGS=DIR: copy the four slotring nodes' logs there at the end (RUST_LOG applies)
 set -euo pipefail
 cd "$(dirname "$0")/../.."
@@ -44,7 +45,8 @@ redis_install
 
 TARGET=${CARGO_TARGET_DIR:-target}
 case $TARGET in /*) ;; *) TARGET=$ROOT/$TARGET ;; esac
-BIN=$TARGET/release/node
+# SLOTRING_NODE_BIN: run that binary (an older build, say) instead of building one.
+BIN=${SLOTRING_NODE_BIN:-$TARGET/release/node}
 mkdir -p scripts/bench/results
 OUT=scripts/bench/results/join_vs_redis-$(date +%F-%H%M).txt
 WORK=$(mktemp -d "${TMPDIR:-/tmp}/join-vs-redis.XXXXXX")
@@ -110,12 +112,13 @@ json_field() { python3 -c "import json, sys; d = json.load(open(sys.argv[1])); p
 
 : >"$OUT"
 log "join_vs_redis: $(date -Is), keys=$KEYS value=${VALUE}B paced writer=${RATE}/s max moves=${SLOTRING_MAX_MOVES:-4}"
+log "node binary: $BIN"
 log "machine: $(nproc) cores, $(lscpu | sed -n 's/^Model name: *//p'), $(free -g | awk '/^Mem:/ {print $2}') GiB"
 log "load at start: $(cut -d' ' -f1-3 /proc/loadavg)"
 
 # ------------------------------------------------------------------------------------------
 # slotring
-cargo build --release -p node 2>&1 | tail -n 1
+[[ -n ${SLOTRING_NODE_BIN:-} ]] || cargo build --release -p node 2>&1 | tail -n 1
 SLOTRING_NODE_BIN=$BIN SLOTRING_BASE_PORT=$SL_BASE scripts/cluster.sh up 3 >"$WORK/up.log" 2>&1 &
 up_pid=$!
 SLOTRING_UP=1
