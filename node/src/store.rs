@@ -24,7 +24,12 @@
 //! compaction; only a reloaded replica starts from the compacted log.
 //!
 //! Every state the disk can be in is "the shard tables as of some fold, plus the log's records
-//! from `next_unfolded` on", and opening folds the latter.
+//! from `next_unfolded` on", and opening folds the latter. A large fold commits in parts, a
+//! range of shards each, a pause apart, so that its write-out does not stall the log's
+//! `fdatasync`s for tens of milliseconds at a time (BENCHMARKS.md, issue 5, session 23): each
+//! part but the last records, per shard it holds, the first sequence number not folded into
+//! that shard (`folded`), and a fold applies to a shard only the batches from there on. So a
+//! crash between parts loses nothing and applies nothing twice.
 //!
 //! A [`ShardView`] reads the shard tables, so it sees the state as of the last fold; call
 //! [`Store::fold`] first for the latest. A [`SnapshotReader`] thread holds the views of snapshot
@@ -43,6 +48,7 @@
 //! | `shards` | shard `u16` | postcard of [`ShardRow`]: promised, base, applied, tombstone |
 //! | `log` | `(shard, index)` | postcard of an [`Entry`] |
 //! | `kv` | `(shard, key)` | value |
+//! | `folded` | shard `u16` | `u64`: the first sequence number not folded into it (fold parts) |
 //!
 //! A shard's log rows are keyed by position: the `i`-th entry after the base (from 1) sits at
 //! `base.pos.index + i`, so the rows of a shard are always exactly `base + 1 ..= base + len`,
@@ -79,6 +85,9 @@ const META: TableDefinition<&str, &[u8]> = TableDefinition::new("meta");
 const SHARDS: TableDefinition<u16, &[u8]> = TableDefinition::new("shards");
 const LOG: TableDefinition<(u16, u64), &[u8]> = TableDefinition::new("log");
 const KV: TableDefinition<(u16, &[u8]), &[u8]> = TableDefinition::new("kv");
+/// Per shard, the first log sequence number not folded into it, where that is past the store's
+/// `next_unfolded`: written by the parts of a fold before its last (see [`Folder::fold`]).
+const FOLDED: TableDefinition<u16, u64> = TableDefinition::new("folded");
 
 const FORMAT_KEY: &str = "format";
 const STORAGE_ID_KEY: &str = "storage_id";
@@ -177,6 +186,8 @@ impl Default for FoldPolicy {
 
 /// One group commit's changes, by shard, in order: a log record's payload.
 type WalBatch = Vec<(u16, Vec<Change>)>;
+/// One shard's changes in one log record, with the record's sequence number.
+type SeqChanges<'a> = (u64, &'a [Change]);
 
 /// The shard database. One per node; not shared between threads (see [`StoreWorker`]).
 #[derive(Debug)]
@@ -197,7 +208,23 @@ struct Folder {
     /// Committed batches from `next_unfolded` on, in order.
     unfolded: Vec<WalBatch>,
     unfolded_bytes: usize,
+    /// About how many bytes of log records one part of a fold carries ([`FOLD_PART_BYTES`]).
+    part_bytes: usize,
+    /// The pause between two parts ([`FOLD_PART_PAUSE`]).
+    part_pause: std::time::Duration,
+    /// Tests: the fold fails (as a crash would stop it) after committing this many parts.
+    #[cfg(test)]
+    fail_after_parts: Option<usize>,
 }
+
+/// About how many bytes of log records one transaction of a fold applies: at full load a
+/// node's 2 s fold carries ~10 MB, so it commits in the [`FOLD_PARTS_MAX`] parts.
+const FOLD_PART_BYTES: usize = 512 << 10;
+/// The most parts a fold is split into.
+const FOLD_PARTS_MAX: usize = 16;
+/// The fold thread's pause between two parts of a fold: time for the disk to write one part
+/// out before the next adds to it.
+const FOLD_PART_PAUSE: std::time::Duration = std::time::Duration::from_millis(30);
 
 /// Where the write-ahead log of the store at `db_path` lives.
 fn wal_dir(db_path: &Path) -> PathBuf {
@@ -240,6 +267,10 @@ impl Store {
                 next_unfolded,
                 unfolded: Vec::new(),
                 unfolded_bytes: 0,
+                part_bytes: FOLD_PART_BYTES,
+                part_pause: FOLD_PART_PAUSE,
+                #[cfg(test)]
+                fail_after_parts: None,
             },
         };
         for (seq, payload) in records {
@@ -300,6 +331,15 @@ impl Store {
         self.folder.push(seq, batch, bytes)
     }
 
+    /// Tests: folds split into parts of about `part_bytes` of records, without pauses, and the
+    /// next fold stopped after `fail_after_parts` parts as a crash would stop it.
+    #[cfg(test)]
+    pub(crate) fn split_folds(&mut self, part_bytes: usize, fail_after_parts: Option<usize>) {
+        self.folder.part_bytes = part_bytes;
+        self.folder.part_pause = std::time::Duration::ZERO;
+        self.folder.fail_after_parts = fail_after_parts;
+    }
+
     /// [`fold`](Self::fold)s once the [`FoldPolicy`]'s count or size says so.
     #[cfg(test)]
     pub(crate) fn fold_if_due(&mut self) -> Result<()> {
@@ -309,8 +349,9 @@ impl Store {
         Ok(())
     }
 
-    /// Applies every committed batch not yet in the shard tables, in order, in one durable
-    /// transaction, then deletes the log segments that only held folded batches.
+    /// Applies every committed batch not yet in the shard tables, in order, in durable
+    /// transactions ([`Folder::fold`]), then deletes the log segments that only held folded
+    /// batches.
     pub(crate) fn fold(&mut self) -> Result<()> {
         self.folder.fold()?;
         self.wal.release(self.folder.next_unfolded)
@@ -358,39 +399,82 @@ impl Folder {
     }
 
     /// Applies every queued batch to the shard tables, in order, and advances `next_unfolded`
-    /// past them, in one transaction with [`Durability::Immediate`].
+    /// past them, in transactions with [`Durability::Immediate`]: one for a small fold; for a
+    /// larger one a part per range of shards (about `part_bytes` of records each, at most
+    /// [`FOLD_PARTS_MAX`]), `part_pause` apart, the last one recording the new
+    /// `next_unfolded`. A shard gets only the batches from its `folded` row on (the part of an
+    /// interrupted fold that held it applied the rest).
     fn fold(&mut self) -> Result<()> {
         if self.unfolded.is_empty() {
             return Ok(());
         }
-        let next_unfolded = self.next_unfolded + self.unfolded.len() as u64;
-        let txn = self.begin_write()?;
-        {
-            let mut tables = Tables::open(&txn)?;
-            // Shards are independent (every table is keyed by shard), so each shard's changes
-            // are applied together, shards in order: a shard's log rows then go in index
-            // order and its key-value rows in key order, touching each B-tree page once
-            // instead of in the arrival order of random keys.
-            let mut by_shard: BTreeMap<u16, Vec<&Change>> = BTreeMap::new();
-            for (shard, changes) in self.unfolded.iter().flatten() {
-                by_shard.entry(*shard).or_default().extend(changes);
+        let first = self.next_unfolded;
+        let next_unfolded = first + self.unfolded.len() as u64;
+        // Shards are independent (every table is keyed by shard), so each shard's changes
+        // are applied together, shards in order: a shard's log rows then go in index
+        // order and its key-value rows in key order, touching each B-tree page once
+        // instead of in the arrival order of random keys.
+        let mut by_shard: BTreeMap<u16, Vec<SeqChanges>> = BTreeMap::new();
+        for (seq, batch) in (first..).zip(&self.unfolded) {
+            for (shard, changes) in batch {
+                by_shard.entry(*shard).or_default().push((seq, changes));
             }
-            for (shard, changes) in by_shard {
-                tables
-                    .apply_all(shard, &changes)
-                    .with_context(|| format!("folding changes into shard {shard}"))?;
-            }
-            txn.open_table(META)
-                .context("opening the meta table")?
-                .insert(NEXT_UNFOLDED_KEY, &next_unfolded.to_le_bytes()[..])
-                .context("recording the folded position")?;
         }
-        txn.commit().with_context(|| {
-            format!(
-                "folding committed batches into {} (the node must abort)",
-                self.path.display()
-            )
-        })?;
+        let shards: Vec<(u16, Vec<SeqChanges>)> = by_shard.into_iter().collect();
+        let parts = (self.unfolded_bytes / self.part_bytes.max(1)).clamp(1, FOLD_PARTS_MAX);
+        let per_part = shards.len().div_ceil(parts).max(1);
+        let mut parts: Vec<&[(u16, Vec<SeqChanges>)]> = shards.chunks(per_part).collect();
+        if parts.is_empty() {
+            parts.push(&[]);
+        }
+        let count = parts.len();
+        for (done, part) in parts.into_iter().enumerate() {
+            let last = done + 1 == count;
+            if done > 0 {
+                std::thread::sleep(self.part_pause);
+            }
+            #[cfg(test)]
+            if self.fail_after_parts == Some(done) {
+                bail!("the fold stopped after {done} of {count} parts (a test's crash)");
+            }
+            let txn = self.begin_write()?;
+            {
+                let mut tables = Tables::open(&txn)?;
+                let mut folded = txn.open_table(FOLDED).context("opening the folded table")?;
+                for (shard, batches) in part {
+                    let from = folded
+                        .get(*shard)
+                        .context("reading a shard's folded position")?
+                        .map_or(first, |from| from.value().max(first));
+                    // A batch may name a shard with no changes: that still stores the shard.
+                    let due = batches.iter().filter(|(seq, _)| *seq >= from);
+                    if due.clone().next().is_some() {
+                        let changes: Vec<&Change> =
+                            due.flat_map(|(_, changes)| changes.iter()).collect();
+                        tables
+                            .apply_all(*shard, &changes)
+                            .with_context(|| format!("folding changes into shard {shard}"))?;
+                    }
+                    if !last {
+                        folded
+                            .insert(*shard, next_unfolded)
+                            .context("recording a shard's folded position")?;
+                    }
+                }
+                if last {
+                    txn.open_table(META)
+                        .context("opening the meta table")?
+                        .insert(NEXT_UNFOLDED_KEY, &next_unfolded.to_le_bytes()[..])
+                        .context("recording the folded position")?;
+                }
+            }
+            txn.commit().with_context(|| {
+                format!(
+                    "folding committed batches into {} (the node must abort)",
+                    self.path.display()
+                )
+            })?;
+        }
         self.next_unfolded = next_unfolded;
         self.unfolded.clear();
         self.unfolded_bytes = 0;

@@ -367,6 +367,53 @@ proptest! {
     }
 }
 
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 48, ..ProptestConfig::default() })]
+
+    /// Folds split into a part per shard or so, one of them stopped after `after_parts` parts
+    /// as a crash would stop it: a reopen gives exactly what `Durable::apply_change` builds
+    /// from every committed batch (the shards an earlier part folded get nothing twice).
+    #[test]
+    fn a_fold_stopped_between_parts_loses_nothing_and_applies_nothing_twice(
+        plan in plan(),
+        fold_every in 1usize..4,
+        stopped_fold in 0usize..4,
+        after_parts in 1usize..6,
+    ) {
+        let dir = TempDir::new("parts");
+        let persists = build(plan);
+        let mut model = Model::default();
+        let Opened { mut store, .. } = Store::open(&dir.db()).unwrap();
+        store.set_fold_policy(FoldPolicy {
+            batches: fold_every,
+            bytes: usize::MAX,
+            ..FoldPolicy::default()
+        });
+        store.split_folds(1, None);
+        let mut folds = 0;
+        for persist in &persists {
+            store.commit(persist).unwrap();
+            model.apply(persist);
+            if !store.folder.is_due() {
+                continue;
+            }
+            if folds == stopped_fold {
+                store.split_folds(1, Some(after_parts));
+            }
+            folds += 1;
+            if store.fold_if_due().is_err() {
+                break;
+            }
+            store.split_folds(1, None);
+            model.fold();
+        }
+        drop(store);
+        let reopened = reopen(&dir.db()).shards;
+        model.fold();
+        prop_assert_eq!(&reopened, &model.shards);
+    }
+}
+
 /// A tombstone keeps the shard's key-value rows on the disk as its retired copy (a reopen does
 /// not load them: the replica's state is empty), and `DropRetired` deletes them; the other
 /// shards' rows are untouched.
