@@ -1083,14 +1083,6 @@ impl Cluster {
     /// a ring of over [`Self::QUICK_CHECK_MEMBERS`], answers `false`, and the full comparison
     /// decides.
     fn ring_is_current(&self) -> bool {
-        let members = || {
-            self.foca
-                .iter_members()
-                .map(Member::id)
-                .filter(|id| id.spec == self.fingerprint)
-                .chain((!self.leaving).then(|| self.foca.identity()))
-        };
-        let all_draining = members().all(|id| id.meta.draining);
         let ring = self.ring.members();
         if ring.len() > Self::QUICK_CHECK_MEMBERS {
             return false;
@@ -1098,7 +1090,7 @@ impl Cluster {
         // One bit per ring member, set when an active member is it.
         let mut seen = [0u64; Self::QUICK_CHECK_MEMBERS / 64];
         let mut count = 0;
-        for id in members().filter(|id| all_draining || !id.meta.draining) {
+        for id in self.table_members() {
             let Ok(index) = ring.binary_search(&id.node_id) else {
                 return false;
             };
@@ -1115,24 +1107,26 @@ impl Cluster {
     /// The largest ring [`ring_is_current`](Self::ring_is_current) checks by itself.
     const QUICK_CHECK_MEMBERS: usize = 1024;
 
+    /// The identities the table is placed over: the active members with this node's spec
+    /// (and this node unless it is leaving), draining ones left out unless every member drains
+    /// (a table needs members).
+    fn table_members(&self) -> impl Iterator<Item = &Identity> {
+        let members = || {
+            self.foca
+                .iter_members()
+                .map(Member::id)
+                .filter(|id| id.spec == self.fingerprint)
+                .chain((!self.leaving).then(|| self.foca.identity()))
+        };
+        let all_draining = members().all(|id| id.meta.draining);
+        members().filter(move |id| all_draining || !id.meta.draining)
+    }
+
     fn refresh_table(&mut self) {
         if self.ring_is_current() {
             return;
         }
-        // Draining members are left out, unless every member drains (a table needs members).
-        let members: Vec<&Identity> = self
-            .foca
-            .iter_members()
-            .map(Member::id)
-            .filter(|id| id.spec == self.fingerprint)
-            .chain((!self.leaving).then(|| self.foca.identity()))
-            .collect();
-        let all_draining = members.iter().all(|id| id.meta.draining);
-        let active: BTreeSet<NodeId> = members
-            .into_iter()
-            .filter(|id| all_draining || !id.meta.draining)
-            .map(|id| id.node_id.clone())
-            .collect();
+        let active: BTreeSet<NodeId> = self.table_members().map(|id| id.node_id.clone()).collect();
         let current: BTreeSet<NodeId> = self.ring.members().iter().cloned().collect();
         if active == current {
             return;

@@ -210,7 +210,8 @@ struct Folder {
     unfolded_bytes: usize,
     /// About how many bytes of log records one part of a fold carries ([`FOLD_PART_BYTES`]).
     part_bytes: usize,
-    /// The pause between two parts ([`FOLD_PART_PAUSE`]).
+    /// The pause between two parts: [`FOLD_PART_PAUSE`] on the worker's fold thread, none
+    /// while [`Store::open`] folds.
     part_pause: std::time::Duration,
     /// Tests: the fold fails (as a crash would stop it) after committing this many parts.
     #[cfg(test)]
@@ -268,7 +269,8 @@ impl Store {
                 unfolded: Vec::new(),
                 unfolded_bytes: 0,
                 part_bytes: FOLD_PART_BYTES,
-                part_pause: FOLD_PART_PAUSE,
+                // Opening folds at once: nothing commits meanwhile. The worker paces its folds.
+                part_pause: std::time::Duration::ZERO,
                 #[cfg(test)]
                 fail_after_parts: None,
             },
@@ -1072,6 +1074,7 @@ impl StoreWorker {
             mut wal,
             mut folder,
         } = store;
+        folder.part_pause = FOLD_PART_PAUSE;
         let db = Arc::clone(&folder.db);
         let policy = folder.policy;
         let (submit, batches) = mpsc::channel::<LogWork>();

@@ -13,7 +13,9 @@ use std::collections::BinaryHeap;
 /// a loaded node those are cache misses; here it is one index. Iteration is in shard order, as
 /// a `BTreeMap`'s is. The slot array never shrinks, and costs `size_of::<Option<T>>()` for
 /// every shard below the highest held: box a large `T`.
-#[derive(Clone, PartialEq, Eq, Hash)]
+///
+/// Not `PartialEq`: two maps with the same entries may have slot arrays of different lengths.
+#[derive(Clone)]
 pub(crate) struct ShardMap<T> {
     slots: Vec<Option<T>>,
     len: usize,
