@@ -376,11 +376,10 @@ fn append_batch(wal: &mut Wal, persist: HostPersist) -> Result<(u64, WalBatch, u
         .into_iter()
         .map(|(shard, shard_persist)| (shard, shard_persist.changes))
         .collect();
-    let bytes = encode(&batch)?;
-    let seq = wal
-        .append(&bytes)
+    let (seq, bytes) = wal
+        .append_with(|record| encode_onto(&batch, record))
         .with_context(|| format!("committing batch {id}"))?;
-    Ok((seq, batch, bytes.len()))
+    Ok((seq, batch, bytes))
 }
 
 impl Folder {
@@ -928,6 +927,12 @@ fn decode_row(shard: u16, bytes: &[u8]) -> Result<ShardRow> {
 
 fn encode<T: Serialize>(value: &T) -> Result<Vec<u8>> {
     postcard::to_allocvec(value).context("encoding a record")
+}
+
+/// Appends the postcard of `value` to `buffer`.
+fn encode_onto<T: Serialize>(value: &T, buffer: &mut Vec<u8>) -> Result<()> {
+    *buffer = postcard::to_extend(value, std::mem::take(buffer)).context("encoding a record")?;
+    Ok(())
 }
 
 /// The log rows of `shard` from index `from` on.

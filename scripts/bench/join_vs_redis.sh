@@ -7,7 +7,7 @@
 # quiet (the folds have put the fill into redb: snapshots are read from there, and the idle
 # writer below must not run beside them), then a 4th node started with
 # --join. Timed from the start of the 4th process until every leader reports no moving shard
-# (`node status`: every shard's voters are placement's target) and `node check` passes (every
+# (`node rebalance --wait`: every shard's voters are placement's target) and `node check` passes (every
 # shard has 3 replicas, all nodes agree on the table, replicas at equal applied index hold equal
 # state). Keys moved = the keys the 4th node then holds (its replicas' applied state). During
 # the join a paced writer (`node bench --rate`) runs for 10 s and its write p99 is compared with
@@ -107,8 +107,11 @@ wait_quiet() {
     done
     log "slotring still busy after 120 s: measuring anyway"
 }
+# The interpreter itself, not a version manager's shim: a shim is a shell script that starts
+# several processes per call, and the polling below calls python while the join runs.
+PY=$(python3 -c 'import sys; print(sys.executable)')
 # json_field FILE EXPR: a python expression over the JSON document `d` in FILE.
-json_field() { python3 -c "import json, sys; d = json.load(open(sys.argv[1])); print($2)" "$1"; }
+json_field() { "$PY" -c "import json, sys; d = json.load(open(sys.argv[1])); print($2)" "$1"; }
 
 : >"$OUT"
 log "join_vs_redis: $(date -Is), keys=$KEYS value=${VALUE}B paced writer=${RATE}/s max moves=${SLOTRING_MAX_MOVES:-4}"
@@ -155,22 +158,34 @@ t0=$(now)
 "$BIN" --listen "127.0.0.1:$((SL_BASE + 3))" --join "$SEED" --node-id n3 \
     --data-dir "$WORK/n3" --certs-dir "$SLOTRING_CERTS_DIR" >"$WORK/n3.log" 2>&1 &
 JOINER_PID=$!
-seen_moving=0
+# Until the moves have started (n3 is a member and some leader reports a moving shard): a
+# `node status` every 0.1 s, for the first second or so of the join.
 deadline=$((SECONDS + 600))
 while :; do
-    ((SECONDS < deadline)) || { echo "the moves did not finish in 600 s" >&2; exit 1; }
+    ((SECONDS < deadline)) || { echo "the moves did not start in 600 s" >&2; exit 1; }
     if "$BIN" status -a "$SEED" -o json >"$WORK/status.json" 2>/dev/null; then
         state=$(json_field "$WORK/status.json" \
             '"%d %d" % (len(d["moving"]), any(n["id"] == "n3" and n["state"] == "alive" for n in d["nodes"]))')
         read -r moving joined <<<"$state"
-        ((joined && moving > 0)) && seen_moving=1
-        if ((seen_moving && moving == 0)) && "$BIN" check -a "$SEED" >"$WORK/check.txt" 2>&1; then
-            break
-        fi
+        ((joined && moving > 0)) && break
+    fi
+    sleep 0.1
+done
+# Then one `node rebalance --wait`, which asks every node every 250 ms over one connection
+# each, until no leader reports a moving shard; done when `node check` then passes. (Polling
+# with a new CLI process and interpreter 10 times a second took 10-15% of this machine's two
+# cores from the join: BENCHMARKS.md, issue 6, session 24.)
+while :; do
+    ((SECONDS < deadline)) || { echo "the moves did not finish in 600 s" >&2; exit 1; }
+    if "$BIN" rebalance -a "$SEED" --wait --wait-timeout $((deadline - SECONDS + 1)) -o json \
+        >"$WORK/rebalance.json" 2>/dev/null &&
+        "$BIN" check -a "$SEED" >"$WORK/check.txt" 2>&1; then
+        break
     fi
     sleep 0.1
 done
 took=$(secs_since "$t0")
+"$BIN" status -a "$SEED" -o json >"$WORK/status.json"
 moved=$(json_field "$WORK/status.json" 'next(n["held"]["keys"] for n in d["nodes"] if n["id"] == "n3")')
 shards=$(json_field "$WORK/status.json" 'next(n["held"]["shards"] for n in d["nodes"] if n["id"] == "n3")')
 wait "$WRITER_PID"
@@ -204,7 +219,7 @@ SLOTRING_UP=
 # Redis
 log "== redis cluster (3 primaries + 3 replicas, defaults), $(redis-server --version | awk '{print $3}'): filling $KEYS keys"
 redis_up "$WORK/redis" "appendonly no"
-python3 scripts/bench/redis_fill.py "$REDIS_BASE" --keys "$KEYS" --value-size $VALUE | tee -a "$OUT"
+"$PY" scripts/bench/redis_fill.py "$REDIS_BASE" --keys "$KEYS" --value-size $VALUE | tee -a "$OUT"
 NEW=$((REDIS_BASE + 6))
 redis_start_node "$WORK/redis" "$NEW" "appendonly no"
 redis-cli --cluster add-node "127.0.0.1:$NEW" "127.0.0.1:$REDIS_BASE" >"$WORK/add.log" 2>&1 ||

@@ -56,6 +56,9 @@ const SPARE_SEGMENTS: usize = 2;
 const SPARE_SUFFIX: &str = ".free";
 /// No record is longer: a longer length field is corruption, not a reason to allocate.
 const MAX_RECORD_BYTES: usize = 1 << 30;
+/// The record buffer keeps at most this much capacity between appends: an append larger than
+/// that (a bulk install, say) allocates its own, which is given back afterwards.
+const KEPT_RECORD_CAPACITY: usize = 8 << 20;
 
 /// A record: its sequence number and payload.
 pub(crate) type Record = (u64, Vec<u8>);
@@ -75,6 +78,10 @@ pub(crate) struct Wal {
     /// Folded segments waiting to be reused, at most [`SPARE_SEGMENTS`].
     spares: Vec<PathBuf>,
     next_seq: u64,
+    /// The record being appended, kept between appends for its capacity: a fresh buffer of
+    /// a group commit's size per append came from new pages each time (the kernel zeroing
+    /// transparent huge pages was half of this thread's CPU under load).
+    record: Vec<u8>,
 }
 
 impl Wal {
@@ -132,6 +139,7 @@ impl Wal {
             segments,
             spares,
             next_seq,
+            record: Vec::new(),
         };
         wal.release(next_unfolded)?;
         Ok((wal, records))
@@ -145,11 +153,43 @@ impl Wal {
 
     /// Appends `payload` as the next record and makes it durable; returns its sequence number.
     /// After an error the log's tail is unknown: the node must stop (R0).
+    #[cfg(test)]
     pub(crate) fn append(&mut self, payload: &[u8]) -> Result<u64> {
-        if payload.len() > MAX_RECORD_BYTES {
+        self.append_with(|record| {
+            record.extend_from_slice(payload);
+            Ok(())
+        })
+        .map(|(seq, _)| seq)
+    }
+
+    /// Appends the payload `encode` writes at the end of the buffer it is given (which holds
+    /// the record's head; `encode` must only append) as the next record, and makes it durable;
+    /// returns its sequence number and the payload's length. The buffer is the log's own,
+    /// reused from one append to the next. After an error the log's tail is unknown: the node
+    /// must stop (R0).
+    pub(crate) fn append_with(
+        &mut self,
+        encode: impl FnOnce(&mut Vec<u8>) -> Result<()>,
+    ) -> Result<(u64, usize)> {
+        let mut record = std::mem::take(&mut self.record);
+        record.clear();
+        record.resize(RECORD_HEAD_BYTES, 0);
+        encode(&mut record)?;
+        let written = self.write_record(&mut record);
+        if record.capacity() > KEPT_RECORD_CAPACITY {
+            record = Vec::new();
+        }
+        self.record = record;
+        written
+    }
+
+    /// Fills in the head of `record` (its payload follows the head) and appends it.
+    fn write_record(&mut self, record: &mut [u8]) -> Result<(u64, usize)> {
+        let payload_len = record.len() - RECORD_HEAD_BYTES;
+        if payload_len > MAX_RECORD_BYTES {
             bail!(
-                "a group commit of {} bytes exceeds the write-ahead log's {MAX_RECORD_BYTES}",
-                payload.len()
+                "a group commit of {payload_len} bytes exceeds the write-ahead log's \
+                 {MAX_RECORD_BYTES}"
             );
         }
         if self.file_len >= SEGMENT_BYTES {
@@ -162,21 +202,17 @@ impl Wal {
             self.segments.push_back((self.next_seq, path));
         }
         let seq = self.next_seq;
-        let mut record = Vec::with_capacity(RECORD_HEAD_BYTES + payload.len());
-        record.extend_from_slice(
-            &u32::try_from(payload.len())
-                .unwrap_or(u32::MAX)
-                .to_le_bytes(),
-        );
-        record.extend_from_slice(&seq.to_le_bytes());
-        record.extend_from_slice(&digest(seq, payload));
-        record.extend_from_slice(payload);
+        let (head, payload) = record.split_at_mut(RECORD_HEAD_BYTES);
+        let len = u32::try_from(payload_len).unwrap_or(u32::MAX);
+        head[..4].copy_from_slice(&len.to_le_bytes());
+        head[4..12].copy_from_slice(&seq.to_le_bytes());
+        head[12..].copy_from_slice(&digest(seq, payload));
         let end = self.file_len + record.len() as u64;
         if end > self.file_size {
             self.zero_fill_to(end)?;
         }
         self.file
-            .write_all(&record)
+            .write_all(record)
             .and_then(|()| self.file.sync_data())
             .with_context(|| {
                 format!(
@@ -186,7 +222,7 @@ impl Wal {
             })?;
         self.file_len += record.len() as u64;
         self.next_seq += 1;
-        Ok(seq)
+        Ok((seq, payload_len))
     }
 
     /// Zero-fills the current segment from its end to at least `end`, in [`ZERO_STEP`]s, and
@@ -401,6 +437,36 @@ mod tests {
         assert!(records.is_empty());
         assert_eq!(wal.segments.len(), 1);
         let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[test]
+    fn the_record_buffer_is_reused_and_a_large_one_given_back() {
+        let dir = temp_dir("buffer");
+        let (mut wal, _) = Wal::open(&dir, STORE, 0).unwrap();
+        let large = vec![7u8; KEPT_RECORD_CAPACITY + 1];
+        let payloads: [&[u8]; 4] = [b"one", &large, b"three", b""];
+        for (seq, payload) in (0..).zip(payloads) {
+            let appended = wal.append_with(|record| {
+                // The buffer holds just the head: nothing of the previous record.
+                assert_eq!(record.len(), RECORD_HEAD_BYTES);
+                record.extend_from_slice(payload);
+                Ok(())
+            });
+            assert_eq!(appended.unwrap(), (seq, payload.len()));
+            assert!(wal.record.capacity() <= KEPT_RECORD_CAPACITY);
+        }
+        // A failed encoding appends nothing.
+        let failed = wal.append_with(|record| {
+            record.extend_from_slice(b"half");
+            bail!("cannot encode")
+        });
+        assert!(failed.is_err());
+        assert_eq!(wal.next_seq(), 4);
+        drop(wal);
+        let (_, records) = Wal::open(&dir, STORE, 0).unwrap();
+        let expected: Vec<Record> = (0..).zip(payloads.map(<[u8]>::to_vec)).collect();
+        assert_eq!(records, expected);
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 
     #[test]
