@@ -726,12 +726,11 @@ impl Cluster {
                         "replication messages only from the node that sends them".into(),
                     );
                 }
-                // Counted in O(1): a walk of every replica per batch was 3% of a node's time.
-                let held = self.host.replica_count();
                 self.host.handle_peer_batch(now, batch);
-                if self.host.replica_count() != held {
-                    // A leader created a replica here: give it its target now.
-                    self.refresh_targets(now);
+                let created = self.host.take_created();
+                if !created.is_empty() {
+                    // A leader created replicas here: give them their targets now.
+                    self.refresh_targets_of(now, &created);
                 }
                 Response::Ack
             }

@@ -143,6 +143,9 @@ pub struct ShardHost {
     /// Snapshot bytes the rate limit still allows now (negative: owed), as of `budget_at`.
     move_budget: i64,
     budget_at: Duration,
+    /// Shards a leader's message created here since [`ShardHost::take_created`] last ran: they
+    /// need their target and view.
+    created: Vec<u16>,
 }
 
 impl ShardHost {
@@ -173,6 +176,7 @@ impl ShardHost {
             held_reads: VecDeque::new(),
             move_budget: 0,
             budget_at: Duration::ZERO,
+            created: Vec::new(),
         }
     }
 
@@ -186,9 +190,11 @@ impl ShardHost {
         self.replicas.get(shard).map(|replica| &**replica)
     }
 
-    /// How many replicas this node holds (tombstoned ones included).
-    pub fn replica_count(&self) -> usize {
-        self.replicas.len()
+    /// The shards a leader's message created here since the last call, in the order created:
+    /// the shell hands them their target and view
+    /// ([`ShardHost::handle_view_of`], [`ShardHost::handle_target`]).
+    pub fn take_created(&mut self) -> Vec<u16> {
+        std::mem::take(&mut self.created)
     }
 
     /// Every replica this node holds.
@@ -232,6 +238,7 @@ impl ShardHost {
                     // Only a leader creates shard state on another node (R6).
                     Message::Append { .. } | Message::Snapshot { .. } if to == self.me => {
                         self.open_shard(now, shard, Durable::empty());
+                        self.created.push(shard);
                     }
                     Message::Prepare { b, .. } => {
                         let reject = Message::Reject {
@@ -351,6 +358,16 @@ impl ShardHost {
             if let Some(replica) = self.replicas.get_mut(shard) {
                 replica.handle_view(now, dead.clone());
             }
+            self.drain(now, shard);
+        }
+        self.release_queued_targets(now);
+    }
+
+    /// Members this node's view holds down, for the replica of `shard` alone (one just
+    /// created; the others already have the view).
+    pub fn handle_view_of(&mut self, now: Duration, shard: u16, dead: &BTreeSet<NodeId>) {
+        if let Some(replica) = self.replicas.get_mut(shard) {
+            replica.handle_view(now, dead.clone());
             self.drain(now, shard);
         }
         self.release_queued_targets(now);

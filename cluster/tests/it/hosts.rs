@@ -872,3 +872,54 @@ fn snapshot_reads_keep_to_the_move_rate() {
         assert_eq!(n3_kv.len(), 200, "seed {seed}");
     }
 }
+
+/// A leader's first message for a shard this node does not hold creates its replica, and the
+/// host reports it once ([`ShardHost::take_created`]: the cluster hands just those shards
+/// their target and view); messages that create nothing report nothing.
+#[test]
+fn a_replica_a_leader_creates_is_reported_once() {
+    use cluster::replica::{Ballot, Message, Pos};
+    let mut host = ShardHost::new(name(1), member(1).storage, ReplicaConfig::default(), 7);
+    let b = Ballot {
+        n: 1,
+        node: name(0),
+    };
+    let append = |b: &Ballot| Message::Append {
+        b: b.clone(),
+        prev: Pos {
+            ballot: None,
+            index: 0,
+        },
+        entries: Vec::new(),
+        commit: 0,
+        hb_seq: 1,
+        idle: false,
+    };
+    let prepare = Message::Prepare {
+        b: b.clone(),
+        last: Pos {
+            ballot: None,
+            index: 0,
+        },
+        commit: 0,
+        handoff_from: None,
+    };
+    let batch = PeerBatch {
+        from: member(0),
+        messages: vec![
+            (9, member(1), append(&b)),
+            (4, member(1), append(&b)),
+            (9, member(1), append(&b)),
+            // Addressed to another node, or not from a leader: no state.
+            (5, member(2), append(&b)),
+            (6, member(1), prepare),
+        ],
+    };
+    host.handle_peer_batch(Duration::ZERO, batch.clone());
+    assert_eq!(host.take_created(), vec![9, 4]);
+    assert!(host.take_created().is_empty());
+    assert!(host.replica(5).is_none() && host.replica(6).is_none());
+    // Held already: nothing new.
+    host.handle_peer_batch(Duration::from_millis(1), batch);
+    assert!(host.take_created().is_empty());
+}
