@@ -80,7 +80,7 @@ pub(crate) struct Wal {
     next_seq: u64,
     /// The record being appended, kept between appends for its capacity: a fresh buffer of
     /// a group commit's size per append came from new pages each time (the kernel zeroing
-    /// transparent huge pages was half of this thread's CPU under load).
+    /// transparent huge pages was a third of this thread's CPU under load).
     record: Vec<u8>,
 }
 
@@ -185,7 +185,9 @@ impl Wal {
 
     /// Fills in the head of `record` (its payload follows the head) and appends it.
     fn write_record(&mut self, record: &mut [u8]) -> Result<(u64, usize)> {
-        let payload_len = record.len() - RECORD_HEAD_BYTES;
+        let Some(payload_len) = record.len().checked_sub(RECORD_HEAD_BYTES) else {
+            bail!("a write-ahead record lost its head while being encoded");
+        };
         if payload_len > MAX_RECORD_BYTES {
             bail!(
                 "a group commit of {payload_len} bytes exceeds the write-ahead log's \
