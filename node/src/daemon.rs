@@ -709,6 +709,15 @@ impl NodeLoop {
                     let now = self.now();
                     self.core.join(now, members);
                 }
+                // Before inbound messages: the next group commit starts only once this one is
+                // handled, and under a steady inbound stream a branch after it waited turns.
+                durable = self.store.durable() => {
+                    turn = Some((Instant::now(), "group commit"));
+                    // R0: a failed commit aborts the node (its state may be half-written).
+                    let batch = durable.context("committing a group of shard changes")?;
+                    let now = self.now();
+                    self.core.handle_persisted(now, batch);
+                }
                 Some(message) = inbound.recv() => {
                     turn = Some((Instant::now(), "inbound"));
                     self.take_inbound(message, &mut inbound);
@@ -722,13 +731,6 @@ impl NodeLoop {
                     turn = Some((Instant::now(), "snapshot read"));
                     let now = self.now();
                     self.core.handle_snapshot_read(now, shard, reply);
-                }
-                durable = self.store.durable() => {
-                    turn = Some((Instant::now(), "group commit"));
-                    // R0: a failed commit aborts the node (its state may be half-written).
-                    let batch = durable.context("committing a group of shard changes")?;
-                    let now = self.now();
-                    self.core.handle_persisted(now, batch);
                 }
                 () = sleep => {
                     // The timers run at the top of the next turn, where one that woke late is
