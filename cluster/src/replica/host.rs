@@ -355,10 +355,7 @@ impl ShardHost {
     pub fn handle_view(&mut self, now: Duration, dead: &BTreeSet<NodeId>) {
         let shards: Vec<u16> = self.replicas.keys().collect();
         for shard in shards {
-            if let Some(replica) = self.replicas.get_mut(shard) {
-                replica.handle_view(now, dead.clone());
-            }
-            self.drain(now, shard);
+            self.view_one(now, shard, dead);
         }
         self.release_queued_targets(now);
     }
@@ -366,11 +363,15 @@ impl ShardHost {
     /// Members this node's view holds down, for the replica of `shard` alone (one just
     /// created; the others already have the view).
     pub fn handle_view_of(&mut self, now: Duration, shard: u16, dead: &BTreeSet<NodeId>) {
+        self.view_one(now, shard, dead);
+        self.release_queued_targets(now);
+    }
+
+    fn view_one(&mut self, now: Duration, shard: u16, dead: &BTreeSet<NodeId>) {
         if let Some(replica) = self.replicas.get_mut(shard) {
             replica.handle_view(now, dead.clone());
-            self.drain(now, shard);
         }
-        self.release_queued_targets(now);
+        self.drain(now, shard);
     }
 
     /// The outstanding [`HostPersist`] is durable.

@@ -892,6 +892,12 @@ impl ShardReplica {
         &self.durable
     }
 
+    /// The replica set placement last handed this replica ([`ShardReplica::handle_target`]),
+    /// leader first; `None` before any.
+    pub fn target(&self) -> Option<&[Member]> {
+        self.target.as_deref()
+    }
+
     /// The role.
     pub fn role(&self) -> &Role {
         &self.role

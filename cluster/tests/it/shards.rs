@@ -83,6 +83,24 @@ fn joiners_become_voters_of_every_shard_and_clients_read_their_writes() {
                     3,
                     "seed {seed}: shard {shard} on n{index} has voters {voters:?}"
                 );
+                // Every copy, those a leader's message created on the joiners included
+                // (`ShardHost::take_created`), holds placement's replica set as its target.
+                let placed: Vec<_> = net
+                    .core(index)
+                    .table()
+                    .shard_info(shardtable::ShardId::new(shard))
+                    .unwrap()
+                    .replicas()
+                    .cloned()
+                    .collect();
+                let target: Option<Vec<_>> = replica
+                    .target()
+                    .map(|target| target.iter().map(|member| member.node.clone()).collect());
+                assert_eq!(
+                    target,
+                    Some(placed),
+                    "seed {seed}: shard {shard} on n{index} was given no or another target"
+                );
             }
         }
         for key in 0..20u32 {
