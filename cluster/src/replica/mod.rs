@@ -661,6 +661,10 @@ const SNAPSHOT_WINDOW: u64 = 2;
 /// times `compact_after` entries.
 const COMPACT_HARD_CAP: u64 = 4;
 
+/// How many client attempts a standing replica keeps for its leadership (`waiting`); more are
+/// answered at once.
+const MAX_WAITING_CLIENTS: usize = 1024;
+
 /// How long a replica that stepped down waits for its log to decide the writes it had
 /// appended (`undecided`) before answering them `Indeterminate`.
 const UNDECIDED_FOR: Duration = Duration::from_secs(2);
@@ -724,6 +728,16 @@ pub struct ShardReplica {
     role: Role,
     commit: u64,
     leader_hint: Option<NodeId>,
+    /// The target of the handoff this replica made as leader, named to clients until it hears
+    /// a leader: the target most likely leads by then, and holds their attempts while it
+    /// stands (`waiting`).
+    handed_to: Option<NodeId>,
+    /// Client attempts that came while this replica stood or led without an established
+    /// ballot (at most [`MAX_WAITING_CLIENTS`]): served once its leadership is established,
+    /// redirected once it is lost. Answering them `Unavailable` at once sent each client into
+    /// a backoff longer than the election; a handoff's target is asked the moment its old
+    /// leader steps down.
+    waiting: Vec<(RequestTag, ClientOp)>,
     /// The leader said it is idle (its heartbeats are slow).
     leader_idle: bool,
     last_heard: Option<Duration>,
@@ -803,6 +817,8 @@ impl ShardReplica {
             role: Role::Follower,
             commit: 0,
             leader_hint: None,
+            handed_to: None,
+            waiting: Vec::new(),
             leader_idle: false,
             last_heard: None,
             restart_bound: None,
@@ -1116,6 +1132,11 @@ impl ShardReplica {
         self.note_input(now);
         let established = matches!(&self.role, Role::Leader(leader) if leader.established);
         if !established {
+            let standing = matches!(self.role, Role::Candidate(_) | Role::Leader(_));
+            if standing && self.waiting.len() < MAX_WAITING_CLIENTS {
+                self.waiting.push((tag, op));
+                return;
+            }
             if route == ClientRoute::LeaderSilent {
                 self.client_passed_the_leader(now);
             }
@@ -1123,6 +1144,12 @@ impl ShardReplica {
             self.replies.push_back((tag, reply));
             return;
         }
+        self.serve_client(now, tag, op);
+        self.finish(now);
+    }
+
+    /// A client operation at an established leader.
+    fn serve_client(&mut self, now: Duration, tag: RequestTag, op: ClientOp) {
         match op {
             ClientOp::Get { key } => {
                 self.wake(now);
@@ -1149,7 +1176,28 @@ impl ShardReplica {
             ClientOp::Put { key, value } => self.append_write(now, tag, Op::Put { key, value }),
             ClientOp::Del { key } => self.append_write(now, tag, Op::Del { key }),
         }
-        self.finish(now);
+    }
+
+    /// The attempts `waiting` for this replica's leadership: served once it is established,
+    /// redirected once this replica follows; kept while it stands or establishes.
+    fn settle_waiting(&mut self, now: Duration) {
+        if self.waiting.is_empty() {
+            return;
+        }
+        match &self.role {
+            Role::Leader(leader) if leader.established => {
+                for (tag, op) in std::mem::take(&mut self.waiting) {
+                    self.serve_client(now, tag, op);
+                }
+            }
+            Role::Leader(_) | Role::Candidate(_) => {}
+            Role::Follower => {
+                for (tag, _) in std::mem::take(&mut self.waiting) {
+                    let reply = self.redirect();
+                    self.replies.push_back((tag, reply));
+                }
+            }
+        }
     }
 
     /// A client asked this follower because the leader it follows did not answer the client
@@ -3583,6 +3631,8 @@ impl ShardReplica {
                 }
                 // R7 (4): held writes were never appended; the target leads now.
                 let moved_to = leader.transfer.as_ref().map(|t| t.to.node.clone());
+                let asked_to_stand = leader.transfer.as_ref().filter(|t| t.sent);
+                self.handed_to = asked_to_stand.map(|t| t.to.node.clone());
                 for (tag, _) in leader.held {
                     let reply = ClientReply::Moved {
                         b: self.durable.promised.clone(),
@@ -3605,7 +3655,7 @@ impl ShardReplica {
     }
 
     fn redirect(&self) -> ClientReply {
-        match &self.leader_hint {
+        match self.leader_hint.as_ref().or(self.handed_to.as_ref()) {
             Some(leader) if leader != &self.me.node => ClientReply::Moved {
                 b: self.durable.promised.clone(),
                 leader: Some(leader.clone()),
@@ -3666,6 +3716,7 @@ impl ShardReplica {
     /// Closes the handler: the open batch becomes a `Persist`, pending messages are tagged
     /// with the batch they wait for, and a wanted read round goes out.
     fn finish(&mut self, now: Duration) {
+        self.settle_waiting(now);
         self.expire_undecided(now);
         if let Role::Leader(leader) = &self.role
             && leader.round_wanted
