@@ -1593,3 +1593,99 @@ fn a_leader_stalled_past_its_round_does_not_judge_followers_it_has_not_read() {
         );
     }
 }
+
+/// A handoff's target keeps the attempts that reach it while it stands, and serves them once
+/// its leadership is established; the old leader, stepped down before it hears the target
+/// lead, names the target rather than answering `Unavailable` (which sent clients into a
+/// backoff longer than the whole handoff).
+#[test]
+fn attempts_at_a_standing_handoff_target_wait_for_its_leadership() {
+    for seed in seeds(10) {
+        let mut group = Group::new(3, seed);
+        group.run(Duration::from_secs(1));
+        assert_eq!(group.leader(), Some(0), "seed {seed}");
+        group.handle_target(&[member(1), member(0), member(2)]);
+        let standing = |group: &Group| {
+            let n1 = group.replicas[1].as_ref().unwrap();
+            n1.candidate_ballot().is_some()
+                || (n1.leading_ballot().is_some() && n1.established_ballot().is_none())
+        };
+        group
+            .time_until(Duration::from_secs(2), standing)
+            .unwrap_or_else(|| panic!("n1 never stood; seed {seed}"));
+        group.client(1, tag(1), put(1));
+        assert_eq!(
+            group.replies.get(&tag(1)),
+            None,
+            "the standing target keeps the attempt; seed {seed}"
+        );
+        // The old leader between its step-down and the target's first message.
+        let deposed_without_hint = |group: &Group| {
+            let n0 = group.replicas[0].as_ref().unwrap();
+            n0.leading_ballot().is_none() && n0.leader_hint().is_none()
+        };
+        group
+            .time_until(Duration::from_millis(50), deposed_without_hint)
+            .unwrap_or_else(|| panic!("n0 heard n1 lead as it stepped down; seed {seed}"));
+        group.client(0, tag(2), put(2));
+        assert!(
+            matches!(
+                group.replies.get(&tag(2)),
+                Some(ClientReply::Moved { leader: Some(l), .. }) if *l == name(1)
+            ),
+            "the old leader names its handoff's target: {:?}; seed {seed}",
+            group.replies.get(&tag(2))
+        );
+        group.run(Duration::from_millis(100));
+        assert_eq!(group.leader(), Some(1), "seed {seed}");
+        assert_eq!(
+            group.replies.get(&tag(1)),
+            Some(&ClientReply::Ok { value: None }),
+            "served once n1 leads; seed {seed}"
+        );
+    }
+}
+
+/// A candidate that does not win answers the attempts it kept: they are not left waiting.
+#[test]
+fn attempts_kept_by_a_candidate_that_loses_are_redirected() {
+    for seed in seeds(10) {
+        let mut group = Group::new(3, seed);
+        group.run(Duration::from_secs(1));
+        assert_eq!(group.leader(), Some(0), "seed {seed}");
+        // n1 is cut off from both others and stands after its election timeout; it can win
+        // no promises (pre-vote off, so it stands at all).
+        group.cut.insert((1, 0));
+        group.cut.insert((1, 2));
+        let mut replaced = group.replicas[1].take().unwrap();
+        let mut config = ReplicaConfig::default();
+        config.pre_vote = false;
+        replaced = ShardReplica::new(
+            group.now,
+            42,
+            member(1),
+            replaced.durable().clone(),
+            config,
+            seed,
+        );
+        group.replicas[1] = Some(replaced);
+        let candidate = |group: &Group| {
+            let n1 = group.replicas[1].as_ref().unwrap();
+            n1.candidate_ballot().is_some()
+        };
+        group
+            .time_until(Duration::from_secs(3), candidate)
+            .unwrap_or_else(|| panic!("n1 never stood; seed {seed}"));
+        group.client(1, tag(1), put(1));
+        assert_eq!(group.replies.get(&tag(1)), None, "seed {seed}");
+        // Healed: n1's ballot finds no majority (n0 and n2 still hear their leader), n0's
+        // appends make it a follower, and it redirects what it kept.
+        group.cut.clear();
+        group.run(Duration::from_secs(2));
+        let reply = group.replies.get(&tag(1));
+        assert!(
+            matches!(reply, Some(ClientReply::Moved { leader: Some(l), .. }) if *l == name(0)),
+            "the kept attempt is redirected to the leader: {reply:?}; seed {seed}"
+        );
+    }
+}
