@@ -1658,8 +1658,10 @@ fn attempts_kept_by_a_candidate_that_loses_are_redirected() {
         group.cut.insert((1, 0));
         group.cut.insert((1, 2));
         let mut replaced = group.replicas[1].take().unwrap();
-        let mut config = ReplicaConfig::default();
-        config.pre_vote = false;
+        let config = ReplicaConfig {
+            pre_vote: false,
+            ..ReplicaConfig::default()
+        };
         replaced = ShardReplica::new(
             group.now,
             42,
