@@ -733,11 +733,12 @@ pub struct ShardReplica {
     /// stands (`waiting`).
     handed_to: Option<NodeId>,
     /// Client attempts that came while this replica stood or led without an established
-    /// ballot (at most [`MAX_WAITING_CLIENTS`]): served once its leadership is established,
-    /// redirected once it is lost. Answering them `Unavailable` at once sent each client into
+    /// ballot (at most [`MAX_WAITING_CLIENTS`]), with when to give up on them (`t_elect`
+    /// later): served once its leadership is established, redirected once it is lost or at
+    /// that instant (a candidate without pre-vote may stand again and again). Answering them `Unavailable` at once sent each client into
     /// a backoff longer than the election; a handoff's target is asked the moment its old
     /// leader steps down.
-    waiting: Vec<(RequestTag, ClientOp)>,
+    waiting: Vec<(RequestTag, ClientOp, Duration)>,
     /// The leader said it is idle (its heartbeats are slow).
     leader_idle: bool,
     last_heard: Option<Duration>,
@@ -1134,7 +1135,7 @@ impl ShardReplica {
         if !established {
             let standing = matches!(self.role, Role::Candidate(_) | Role::Leader(_));
             if standing && self.waiting.len() < MAX_WAITING_CLIENTS {
-                self.waiting.push((tag, op));
+                self.waiting.push((tag, op, now + self.config.t_elect));
                 return;
             }
             if route == ClientRoute::LeaderSilent {
@@ -1179,23 +1180,22 @@ impl ShardReplica {
     }
 
     /// The attempts `waiting` for this replica's leadership: served once it is established,
-    /// redirected once this replica follows; kept while it stands or establishes.
+    /// redirected once this replica follows or `t_elect` after they came; kept while it
+    /// stands or establishes.
     fn settle_waiting(&mut self, now: Duration) {
         if self.waiting.is_empty() {
             return;
         }
-        match &self.role {
-            Role::Leader(leader) if leader.established => {
-                for (tag, op) in std::mem::take(&mut self.waiting) {
-                    self.serve_client(now, tag, op);
-                }
-            }
-            Role::Leader(_) | Role::Candidate(_) => {}
-            Role::Follower => {
-                for (tag, _) in std::mem::take(&mut self.waiting) {
-                    let reply = self.redirect();
-                    self.replies.push_back((tag, reply));
-                }
+        let established = matches!(&self.role, Role::Leader(leader) if leader.established);
+        let standing = !established && !matches!(self.role, Role::Follower);
+        for (tag, op, until) in std::mem::take(&mut self.waiting) {
+            if established {
+                self.serve_client(now, tag, op);
+            } else if standing && now < until {
+                self.waiting.push((tag, op, until));
+            } else {
+                let reply = self.redirect();
+                self.replies.push_back((tag, reply));
             }
         }
     }

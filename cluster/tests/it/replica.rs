@@ -1646,31 +1646,25 @@ fn attempts_at_a_standing_handoff_target_wait_for_its_leadership() {
     }
 }
 
-/// A candidate that does not win answers the attempts it kept: they are not left waiting.
+/// A candidate that does not win answers the attempts it kept: at the latest `T_elect` after
+/// each came, while it cannot win, and at once when it turns follower.
 #[test]
 fn attempts_kept_by_a_candidate_that_loses_are_redirected() {
     for seed in seeds(10) {
         let mut group = Group::new(3, seed);
         group.run(Duration::from_secs(1));
         assert_eq!(group.leader(), Some(0), "seed {seed}");
-        // n1 is cut off from both others and stands after its election timeout; it can win
-        // no promises (pre-vote off, so it stands at all).
+        // n1 is cut off from both others and stands after its election timeout, again and
+        // again (pre-vote off, so it stands at all); it can win no promises.
         group.cut.insert((1, 0));
         group.cut.insert((1, 2));
-        let mut replaced = group.replicas[1].take().unwrap();
         let config = ReplicaConfig {
             pre_vote: false,
             ..ReplicaConfig::default()
         };
-        replaced = ShardReplica::new(
-            group.now,
-            42,
-            member(1),
-            replaced.durable().clone(),
-            config,
-            seed,
-        );
-        group.replicas[1] = Some(replaced);
+        let durable = group.replicas[1].as_ref().unwrap().durable().clone();
+        let n1 = ShardReplica::new(group.now, 42, member(1), durable, config.clone(), seed);
+        group.replicas[1] = Some(n1);
         let candidate = |group: &Group| {
             let n1 = group.replicas[1].as_ref().unwrap();
             n1.candidate_ballot().is_some()
@@ -1680,14 +1674,37 @@ fn attempts_kept_by_a_candidate_that_loses_are_redirected() {
             .unwrap_or_else(|| panic!("n1 never stood; seed {seed}"));
         group.client(1, tag(1), put(1));
         assert_eq!(group.replies.get(&tag(1)), None, "seed {seed}");
-        // Healed: n1's ballot finds no majority (n0 and n2 still hear their leader), n0's
-        // appends make it a follower, and it redirects what it kept.
+        let answered = |req: u64| move |group: &Group| group.replies.contains_key(&tag(req));
+        let took = group
+            .time_until(Duration::from_secs(3), answered(1))
+            .unwrap_or_else(|| panic!("a kept attempt was never answered; seed {seed}"));
+        assert!(
+            took <= config.t_elect + config.jitter,
+            "answered {took:?} after it came; seed {seed}"
+        );
+        assert!(
+            matches!(
+                group.replies.get(&tag(1)),
+                Some(ClientReply::Moved { .. } | ClientReply::Unavailable)
+            ),
+            "{:?}; seed {seed}",
+            group.replies.get(&tag(1))
+        );
+        // Healed while it stands again: n0's appends make it a follower, which redirects what
+        // it kept to n0 at once.
+        group
+            .time_until(Duration::from_secs(3), candidate)
+            .unwrap_or_else(|| panic!("n1 never stood again; seed {seed}"));
+        group.client(1, tag(2), put(2));
         group.cut.clear();
-        group.run(Duration::from_secs(2));
-        let reply = group.replies.get(&tag(1));
+        let took = group
+            .time_until(Duration::from_secs(3), answered(2))
+            .unwrap_or_else(|| panic!("a kept attempt was never answered; seed {seed}"));
+        let reply = group.replies.get(&tag(2));
         assert!(
             matches!(reply, Some(ClientReply::Moved { leader: Some(l), .. }) if *l == name(0)),
             "the kept attempt is redirected to the leader: {reply:?}; seed {seed}"
         );
+        assert!(took < config.t_elect, "took {took:?}; seed {seed}");
     }
 }
