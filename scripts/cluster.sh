@@ -2,7 +2,8 @@
 # A local slotring cluster on 127.0.0.1 for trying things by hand. `up N` builds the node
 # binary (release; SLOTRING_NODE_BIN names a prebuilt one instead), makes certificates once and
 # starts nodes n0..n{N-1} on ports 7000+I (SLOTRING_BASE_PORT), n0 bootstrapping and the others
-# joining it; the other commands stop, kill, pause, resume, restart and inspect them. Everything lives in ./.cluster of the
+# joining it, and returns once every shard has an elected leader at its placement target
+# (`node check`); the other commands stop, kill, pause, resume, restart and inspect them. Everything lives in ./.cluster of the
 # repository (certs/, nI/ data dirs, nI.log, nI.pid); only PIDs recorded there, whose command
 # line is still that node's, are ever signalled.
 #
@@ -141,6 +142,21 @@ wait_ready() {
     done
 }
 
+# Polls `node check` until it passes: every shard has an elected leader whose voters are
+# placement's target, and the replicas agree. A new cluster gets there within a second or two
+# of its members converging; data moving to added nodes can take longer than READY_SECONDS,
+# and then this only says so (`node rebalance --wait` follows the moves).
+wait_settled() {
+    local deadline=$((SECONDS + READY_SECONDS))
+    until "$BIN" check -a "$(addr 0)" --certs-dir "$CERTS" >/dev/null 2>&1; do
+        if ((SECONDS >= deadline)); then
+            echo "shards still settling after ${READY_SECONDS}s: '$BIN rebalance --wait' follows them" >&2
+            return 0
+        fi
+        sleep 0.2
+    done
+}
+
 cmd_up() {
     local count=${1:-} index
     [[ $count =~ ^[1-9][0-9]*$ ]] || usage
@@ -172,6 +188,7 @@ cmd_up() {
     for ((index = 0; index < count; index++)); do
         wait_ready "$index" "$count"
     done
+    wait_settled
     echo "all $count nodes list $count members alive. Query them with:"
     echo "  export SLOTRING_CERTS_DIR=$CERTS"
     echo "  ${BIN#"$ROOT"/} shard-info 42 -a $(addr 0)"

@@ -18,9 +18,9 @@ use crate::Error;
 use crate::core::Cluster;
 use crate::replica::{
     ClientOp, ClientReply, ClientRoute, Config, Durable, HostBatchId, HostPersist, Member,
-    PairHasher, RequestTag, ShardHost, SnapshotRead, SnapshotReadReply, StorageId,
+    PairHasher, RequestTag, ShardHost, ShardReplica, SnapshotRead, SnapshotReadReply, StorageId,
 };
-use crate::wire::{HeldView, MAX_KEY_LEN, ShardDigest};
+use crate::wire::{DigestRole, HeldView, MAX_KEY_LEN, ShardDigest};
 
 impl Cluster {
     /// Restarts the shards this node's disk holds.
@@ -260,13 +260,35 @@ impl Cluster {
                 hasher.pair(key, value);
                 hashed += key.len() + value.len();
             }
+            let role = if replica.established_ballot().is_some() {
+                DigestRole::Leader {
+                    at_target: self.at_target(shard, replica),
+                }
+            } else {
+                DigestRole::Other
+            };
             digests.push(ShardDigest {
                 shard,
                 applied: durable.applied,
                 checksum: *hasher.into_hasher().finalize().as_bytes(),
+                role,
             });
         }
         (digests, None)
+    }
+
+    /// Whether `replica`'s voters are exactly placement's replica set for `shard` (by node)
+    /// and it has no learners.
+    fn at_target(&self, shard: u16, replica: &ShardReplica) -> bool {
+        let Ok(info) = self.table().shard_info(ShardId::new(shard)) else {
+            return false;
+        };
+        let config = replica.config();
+        config.learners.is_empty()
+            && config.voters.len() == info.replicas().count()
+            && info
+                .replicas()
+                .all(|node| config.voters.iter().any(|voter| &voter.node == node))
     }
 
     /// Every shard replica this node holds.

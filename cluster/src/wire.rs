@@ -16,7 +16,7 @@ use topology::NodeId;
 
 /// The version every frame starts with; a peer speaking another one is refused with
 /// [`Error::WireVersion`].
-pub const WIRE_VERSION: u16 = 6;
+pub const WIRE_VERSION: u16 = 7;
 
 /// The tag byte of a datagram that carries a SWIM (foca) packet.
 pub const DATAGRAM_SWIM: u8 = 1;
@@ -284,6 +284,21 @@ pub struct ShardDigest {
     /// blake3 over its key-value state at `applied` (keys in order, each key and value
     /// length-prefixed).
     pub checksum: [u8; 32],
+    /// Whether the replica leads, and whether its shard has settled.
+    pub role: DigestRole,
+}
+
+/// A replica's part in its shard, as [`ShardDigest`] reports it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum DigestRole {
+    /// Not an established leader: a follower, a learner, or a candidate.
+    Other,
+    /// The shard's leader, with an established ballot.
+    Leader {
+        /// Its voters are exactly placement's replica set for the shard and it has no
+        /// learners: no move is left to make.
+        at_target: bool,
+    },
 }
 
 /// Where a shard lives, as one node sees it.

@@ -5,7 +5,7 @@ use std::thread;
 
 use serde_json::Value;
 
-use crate::harness::{Cluster, digest, members, owners, string_field};
+use crate::harness::{CONVERGE_WITHIN, Cluster, digest, members, owners, string_field, wait_until};
 use crate::{expected_owners, expected_table};
 
 /// How many shards the test clusters have.
@@ -220,10 +220,20 @@ fn live_placement_matches_shardtable() {
     }
 }
 
-/// `node check` on a converged cluster: exit 0, only `[OK]` lines; JSON `ok: true`.
+/// `node check` on a new cluster: it fails until every shard has an elected leader whose
+/// voters are placement's target (members converging is not enough), then passes on every
+/// node: exit 0, only `[OK]` lines; JSON `ok: true`.
 #[test]
 fn check_reports_ok() {
     let cluster = Cluster::launch("check", 3);
+    wait_until(CONVERGE_WITHIN, "`node check` passes", || {
+        let answer = cluster.try_query(0, &["check"])?;
+        if answer["ok"] == true {
+            Ok(())
+        } else {
+            Err(answer.to_string())
+        }
+    });
     for index in 0..3 {
         let table = cluster.cli(index, &["check"], "table").unwrap();
         assert!(table.status.success(), "check failed: {table:?}");

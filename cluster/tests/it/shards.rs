@@ -366,3 +366,53 @@ fn shard_digests_page_through_every_shard_once() {
         assert!(pages > 5, "{pages} pages; seed {seed}");
     }
 }
+
+/// `node check` counts a shard covered only when a replica reports itself its established
+/// leader, settled when that leader's voters are placement's replica set: a new cluster's
+/// first node reports no leader before its election, then leads every shard with itself alone
+/// (its target then); once two more nodes joined, every shard has exactly one leader, at its
+/// target, and the other copies report no leadership.
+#[test]
+fn shard_digests_say_who_leads_and_whether_the_shard_settled() {
+    use cluster::wire::DigestRole;
+    for seed in seeds(2) {
+        let mut net = Net::new(seed);
+        net.spec = small_spec();
+        net.start(0, None).unwrap();
+        net.bootstrap_shards(0);
+        let (digests, _) = net.core(0).shard_digests(None, usize::MAX);
+        assert_eq!(digests.len(), SHARDS as usize, "seed {seed}");
+        assert!(
+            digests.iter().all(|d| d.role == DigestRole::Other),
+            "nobody leads before the first election; seed {seed}: {digests:?}"
+        );
+        net.run_until(Duration::from_secs(1));
+        let (digests, _) = net.core(0).shard_digests(None, usize::MAX);
+        assert!(
+            digests
+                .iter()
+                .all(|d| d.role == DigestRole::Leader { at_target: true }),
+            "seed {seed}: {digests:?}"
+        );
+        net.start(1, Some(0)).unwrap();
+        net.start(2, Some(1)).unwrap();
+        net.run_until(Duration::from_secs(15));
+        for shard in 0..SHARDS as u16 {
+            let roles: Vec<DigestRole> = (0..3)
+                .flat_map(|index| net.core(index).shard_digests(None, usize::MAX).0)
+                .filter(|d| d.shard == shard)
+                .map(|d| d.role)
+                .collect();
+            assert_eq!(roles.len(), 3, "seed {seed}: shard {shard}");
+            let leaders: Vec<&DigestRole> = roles
+                .iter()
+                .filter(|role| **role != DigestRole::Other)
+                .collect();
+            assert_eq!(
+                leaders,
+                [&DigestRole::Leader { at_target: true }],
+                "seed {seed}: shard {shard}: {roles:?}"
+            );
+        }
+    }
+}
