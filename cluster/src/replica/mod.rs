@@ -1590,8 +1590,10 @@ impl ShardReplica {
             .leader_hint
             .as_ref()
             .is_some_and(|leader| self.dead.contains(leader) && leader != &self.me.node);
-        let wait = if leader_down {
-            // SWIM already waited: stand now, in rank order.
+        let voters = &active(&self.durable, self.config_at).voters;
+        let alone = voters.len() == 1 && voters[0] == self.me;
+        let wait = if leader_down || alone {
+            // SWIM already waited, or no other voter could lead: stand now, in rank order.
             Duration::ZERO
         } else if self.leader_idle {
             self.config.t_elect + self.config.idle_heartbeat
