@@ -5,7 +5,9 @@ use std::thread;
 
 use serde_json::Value;
 
-use crate::harness::{CONVERGE_WITHIN, Cluster, digest, members, owners, string_field, wait_until};
+use crate::harness::{
+    CONVERGE_WITHIN, Cluster, digest, members, owners, string_field, wait_check_passes,
+};
 use crate::{expected_owners, expected_table};
 
 /// How many shards the test clusters have.
@@ -226,14 +228,7 @@ fn live_placement_matches_shardtable() {
 #[test]
 fn check_reports_ok() {
     let cluster = Cluster::launch("check", 3);
-    wait_until(CONVERGE_WITHIN, "`node check` passes", || {
-        let answer = cluster.try_query(0, &["check"])?;
-        if answer["ok"] == true {
-            Ok(())
-        } else {
-            Err(answer.to_string())
-        }
-    });
+    wait_check_passes(&cluster, CONVERGE_WITHIN);
     for index in 0..3 {
         let table = cluster.cli(index, &["check"], "table").unwrap();
         assert!(table.status.success(), "check failed: {table:?}");

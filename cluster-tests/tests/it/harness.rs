@@ -72,6 +72,19 @@ pub(crate) fn node_binary() -> PathBuf {
         .clone()
 }
 
+/// Polls `node check` on `cluster`'s node 0 until it passes (`"ok": true`), for at most
+/// `within`.
+pub(crate) fn wait_check_passes(cluster: &Cluster, within: Duration) {
+    wait_until(within, "`node check` passes", || {
+        let answer = cluster.try_query(0, &["check"])?;
+        if answer["ok"] == true {
+            Ok(())
+        } else {
+            Err(answer.to_string())
+        }
+    });
+}
+
 /// Polls `probe` every 50 ms until it returns `Ok`, for at most `within`.
 ///
 /// `probe` returns `Err(observation)` while the condition does not hold yet; the last

@@ -10,7 +10,7 @@ use std::time::Duration;
 use serde_json::Value;
 
 use crate::configs::{CONFIGS_SETTLE_WITHIN, voter_in, wait_configs_match_target};
-use crate::harness::{CONVERGE_WITHIN, Cluster, members, wait_until};
+use crate::harness::{CONVERGE_WITHIN, Cluster, members, wait_check_passes, wait_until};
 use crate::kv::{WRITERS, failed_attempts, moves_logged_since, under_writes};
 use crate::workload::{
     History, RECOVER_WITHIN, Workload, assert_every_key_acknowledged, check_histories,
@@ -283,14 +283,7 @@ fn churn_of_joins_and_leaves_under_writes_loses_nothing() {
                 && config.voters.iter().all(|id| id.starts_with('n'))),
             "only the three first nodes hold shards at the end: {configs:?}"
         );
-        wait_until(RECOVER_WITHIN, "`node check` passes", || {
-            let answer = cluster.try_query(0, &["check"])?;
-            if answer["ok"] == true {
-                Ok(())
-            } else {
-                Err(answer.to_string())
-            }
-        });
+        wait_check_passes(&cluster, RECOVER_WITHIN);
     });
     assert_every_key_acknowledged(&histories);
     check_histories(&client, &histories);

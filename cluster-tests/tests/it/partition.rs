@@ -25,7 +25,7 @@ use shardtable::ShardCount;
 use crate::configs::{
     CONFIGS_SETTLE_WITHIN, own_config, settled_config, shard_of, wait_configs_match_target,
 };
-use crate::harness::{CONVERGE_WITHIN, Cluster, members, wait_until};
+use crate::harness::{CONVERGE_WITHIN, Cluster, members, wait_check_passes, wait_until};
 use crate::netns::Netns;
 use crate::workload::{
     Attempt, History, OP_TIMEOUT, RECOVER_WITHIN, Rng, Workload, assert_every_key_acknowledged,
@@ -468,12 +468,5 @@ fn a_cut_off_leader_stops_acknowledging_and_the_majority_takes_over() {
     // (c) Nothing acknowledged is lost, and the replicas agree.
     assert_every_key_acknowledged(&histories);
     check_histories(&client, &histories);
-    wait_until(RECOVER_WITHIN, "`node check` passes", || {
-        let answer = cluster.try_query(0, &["check"])?;
-        if answer["ok"].as_bool() == Some(true) {
-            Ok(())
-        } else {
-            Err(answer.to_string())
-        }
-    });
+    wait_check_passes(&cluster, RECOVER_WITHIN);
 }
