@@ -732,12 +732,13 @@ pub struct ShardReplica {
     /// a leader: the target most likely leads by then, and holds their attempts while it
     /// stands (`waiting`).
     handed_to: Option<NodeId>,
-    /// Client attempts that came while this replica stood or led without an established
-    /// ballot (at most [`MAX_WAITING_CLIENTS`]), with when to give up on them (`t_elect`
-    /// later): served once its leadership is established, redirected once it is lost or at
-    /// that instant (a candidate without pre-vote may stand again and again). Answering them `Unavailable` at once sent each client into
-    /// a backoff longer than the election; a handoff's target is asked the moment its old
-    /// leader steps down.
+    /// Client attempts that came while this replica stood, and reads that came while it led
+    /// without an established ballot (at most [`MAX_WAITING_CLIENTS`]), with when to give up
+    /// on them (`t_elect` later): served once it may ([`Self::may_serve`]), redirected once
+    /// its leadership is lost or at that instant (a candidate without pre-vote may stand
+    /// again and again). Answering them `Unavailable` at once sent each client into a backoff
+    /// longer than the election; a handoff's target is asked the moment its old leader steps
+    /// down.
     waiting: Vec<(RequestTag, ClientOp, Duration)>,
     /// The leader said it is idle (its heartbeats are slow).
     leader_idle: bool,
@@ -1131,8 +1132,7 @@ impl ShardReplica {
         route: ClientRoute,
     ) {
         self.note_input(now);
-        let established = matches!(&self.role, Role::Leader(leader) if leader.established);
-        if !established {
+        if !self.may_serve(&op) {
             let standing = matches!(self.role, Role::Candidate(_) | Role::Leader(_));
             if standing && self.waiting.len() < MAX_WAITING_CLIENTS {
                 self.waiting.push((tag, op, now + self.config.t_elect));
@@ -1149,7 +1149,18 @@ impl ShardReplica {
         self.finish(now);
     }
 
-    /// A client operation at an established leader.
+    /// Whether this replica serves `op` now: an established leader serves everything; a
+    /// leader whose `EpochStart` has not committed yet appends writes after it (they commit
+    /// with it, one `fdatasync` sooner than if they waited for it to commit first), but reads
+    /// wait, as its commit index is not known until then.
+    fn may_serve(&self, op: &ClientOp) -> bool {
+        match &self.role {
+            Role::Leader(leader) => leader.established || !matches!(op, ClientOp::Get { .. }),
+            Role::Candidate(_) | Role::Follower => false,
+        }
+    }
+
+    /// A client operation at a leader that [may serve](Self::may_serve) it.
     fn serve_client(&mut self, now: Duration, tag: RequestTag, op: ClientOp) {
         match op {
             ClientOp::Get { key } => {
@@ -1179,17 +1190,16 @@ impl ShardReplica {
         }
     }
 
-    /// The attempts `waiting` for this replica's leadership: served once it is established,
-    /// redirected once this replica follows or `t_elect` after they came; kept while it
-    /// stands or establishes.
+    /// The attempts `waiting` for this replica's leadership: served once it [may serve
+    /// them](Self::may_serve), redirected once this replica follows or `t_elect` after they
+    /// came; kept while it stands (and reads while it establishes).
     fn settle_waiting(&mut self, now: Duration) {
         if self.waiting.is_empty() {
             return;
         }
-        let established = matches!(&self.role, Role::Leader(leader) if leader.established);
-        let standing = !established && !matches!(self.role, Role::Follower);
+        let standing = !matches!(self.role, Role::Follower);
         for (tag, op, until) in std::mem::take(&mut self.waiting) {
-            if established {
+            if self.may_serve(&op) {
                 self.serve_client(now, tag, op);
             } else if standing && now < until {
                 self.waiting.push((tag, op, until));

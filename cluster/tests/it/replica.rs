@@ -1595,9 +1595,9 @@ fn a_leader_stalled_past_its_round_does_not_judge_followers_it_has_not_read() {
 }
 
 /// A handoff's target keeps the attempts that reach it while it stands, and serves them once
-/// its leadership is established; the old leader, stepped down before it hears the target
-/// lead, names the target rather than answering `Unavailable` (which sent clients into a
-/// backoff longer than the whole handoff).
+/// it leads (writes at once, appended after its `EpochStart`; reads once that commits); the
+/// old leader, stepped down before it hears the target lead, names the target rather than
+/// answering `Unavailable` (which sent clients into a backoff longer than the whole handoff).
 #[test]
 fn attempts_at_a_standing_handoff_target_wait_for_its_leadership() {
     for seed in seeds(10) {
@@ -1636,12 +1636,46 @@ fn attempts_at_a_standing_handoff_target_wait_for_its_leadership() {
             "the old leader names its handoff's target: {:?}; seed {seed}",
             group.replies.get(&tag(2))
         );
+        // Leading, its `EpochStart` not yet committed: a write is appended at once (it
+        // commits with the `EpochStart`), a read waits for the commit index.
+        let establishing = |group: &Group| {
+            let n1 = group.replicas[1].as_ref().unwrap();
+            n1.leading_ballot().is_some() && n1.established_ballot().is_none()
+        };
+        group
+            .time_until(Duration::from_millis(50), establishing)
+            .unwrap_or_else(|| panic!("n1 was never a leader not yet established; seed {seed}"));
+        group.client(1, tag(3), put(3));
+        let n1 = group.replicas[1].as_ref().unwrap();
+        assert_eq!(
+            n1.durable().log.last().and_then(|entry| entry.tag),
+            Some(tag(3)),
+            "the write is appended before the `EpochStart` commits; seed {seed}"
+        );
+        let get = ClientOp::Get {
+            key: b"k001".to_vec(),
+        };
+        group.client(1, tag(4), get);
+        assert_eq!(
+            group.replies.get(&tag(4)),
+            None,
+            "the read waits; seed {seed}"
+        );
         group.run(Duration::from_millis(100));
         assert_eq!(group.leader(), Some(1), "seed {seed}");
+        for req in [1, 3] {
+            assert_eq!(
+                group.replies.get(&tag(req)),
+                Some(&ClientReply::Ok { value: None }),
+                "write {req} served once n1 leads; seed {seed}"
+            );
+        }
         assert_eq!(
-            group.replies.get(&tag(1)),
-            Some(&ClientReply::Ok { value: None }),
-            "served once n1 leads; seed {seed}"
+            group.replies.get(&tag(4)),
+            Some(&ClientReply::Ok {
+                value: Some(b"value-1".to_vec())
+            }),
+            "the read served once n1 is established; seed {seed}"
         );
     }
 }
