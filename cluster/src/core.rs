@@ -1357,10 +1357,8 @@ impl Cluster {
             })
             .collect();
         let wanted = usize::from(self.spec.table.replication_factor.get()).min(members.len());
-        let mut shards_without_leader = 0;
         let mut shards_under_replicated = 0;
         for info in self.table.iter() {
-            shards_without_leader += u32::from(info.leader().is_none());
             let distinct: BTreeSet<&NodeId> = info.replicas().collect();
             shards_under_replicated += u32::from(distinct.len() < wanted);
         }
@@ -1369,7 +1367,6 @@ impl Cluster {
             spec: self.spec.clone(),
             digest: self.digest.to_string(),
             nodes,
-            shards_without_leader,
             shards_under_replicated,
             moving: self.moves_led_here(),
             held: self.held(),

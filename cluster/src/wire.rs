@@ -394,8 +394,6 @@ pub struct StatusView {
     pub digest: String,
     /// Every known member with its load (zero for members off the ring).
     pub nodes: Vec<NodeLoad>,
-    /// Shards that have no leader (only with no members at all).
-    pub shards_without_leader: u32,
     /// Shards with fewer than `min(RF, members)` distinct replicas.
     pub shards_under_replicated: u32,
     /// The shards the answering node leads whose voters are not yet placement's target, in
