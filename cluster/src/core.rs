@@ -1216,7 +1216,13 @@ impl Cluster {
         let target: Vec<NodeId> = info.replicas().cloned().collect();
         let (mut epoch, mut commit) = (None, None);
         let (mut joining, mut leaving) = (Vec::new(), Vec::new());
-        if let Some(replica) = self.host.replica(id.get()) {
+        // A tombstoned replica (removed from the shard, its retired copy kept for the grace
+        // period) knows nothing current: the node answers as one that holds no replica.
+        let held = self
+            .host
+            .replica(id.get())
+            .filter(|replica| replica.durable().tombstone.is_none());
+        if let Some(replica) = held {
             // This node holds the shard: its replica's view of the actual config.
             let config = replica.config();
             let hint = replica.leader_hint();

@@ -309,7 +309,8 @@ pub struct ShardInfoView {
     /// As the answering node sees it: `stable` (its replica knows a leader and its voters are
     /// the target), `migrating` (it knows a leader, and `joining` or `leaving` is not empty),
     /// `no-quorum` (its replica knows no leader, or the cluster has no members), or
-    /// `elsewhere` (it holds no replica of the shard: ask a member of `target`).
+    /// `elsewhere` (it holds no replica of the shard, or only the retired copy of one it was
+    /// removed from: ask a member of `target`).
     pub state: String,
     /// The leader the answering replica knows; `None` when it knows none or holds no replica.
     pub leader: Option<NodeRef>,

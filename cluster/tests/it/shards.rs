@@ -416,3 +416,50 @@ fn shard_digests_say_who_leads_and_whether_the_shard_settled() {
         }
     }
 }
+
+/// A node removed from a shard keeps its retired copy for the grace period, and its
+/// `shard-info` then says `elsewhere` (ask the target), never the stale view of that copy.
+#[test]
+fn shard_info_of_a_retired_copy_says_elsewhere() {
+    use cluster::wire::{Request, Response};
+    for seed in seeds(2) {
+        let mut net = three_nodes(seed);
+        net.start(3, Some(0)).unwrap();
+        net.run_until(net.now + Duration::from_secs(20));
+        let mut retired = 0;
+        for index in 0..4 {
+            for shard in 0..SHARDS as u16 {
+                let holds_retired_copy = net
+                    .core(index)
+                    .shards()
+                    .replica(shard)
+                    .is_some_and(cluster::replica::ShardReplica::holds_retired_copy);
+                if !holds_retired_copy {
+                    continue;
+                }
+                retired += 1;
+                let now = net.now;
+                let core = net.slots[index].core.as_mut().unwrap();
+                let ask = Request::ShardInfo {
+                    shard: u32::from(shard),
+                };
+                match core.handle_request(now, None, ask) {
+                    Response::ShardInfo(view) => {
+                        assert_eq!(view.state, "elsewhere", "seed {seed}: n{index}: {view:?}");
+                        assert_eq!(view.leader, None, "seed {seed}: n{index}: {view:?}");
+                        assert!(view.replicas.is_empty(), "seed {seed}: n{index}: {view:?}");
+                        assert!(
+                            !view.target.contains(&name(index).to_string()),
+                            "seed {seed}: n{index}: {view:?}"
+                        );
+                    }
+                    other => panic!("{other:?}"),
+                }
+            }
+        }
+        assert!(
+            retired > 0,
+            "seed {seed}: the fourth node's join left no retired copy"
+        );
+    }
+}
