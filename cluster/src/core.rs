@@ -1379,8 +1379,9 @@ impl Cluster {
         }
     }
 
-    /// The shards this node leads whose voters are not placement's target, with how far each
-    /// joining replica got (`status`'s `moving`).
+    /// The shards this node leads whose voters are not placement's target, or whose leadership
+    /// is still to pass to placement's leader, with how far each joining replica got
+    /// (`status`'s `moving`).
     pub fn moves_led_here(&self) -> Vec<MoveView> {
         let me = &self.identity().node_id;
         let mut moves = Vec::new();
@@ -1393,7 +1394,12 @@ impl Cluster {
             };
             let target: Vec<NodeId> = info.replicas().cloned().collect();
             let (joining, leaving) = config_change(replica.config(), &target);
-            if joining.is_empty() && leaving.is_empty() {
+            let handoff_to = info
+                .leader()
+                .filter(|leader| *leader != me)
+                .filter(|leader| replica.config().voters.iter().any(|v| &v.node == *leader))
+                .map(ToString::to_string);
+            if joining.is_empty() && leaving.is_empty() && handoff_to.is_none() {
                 continue;
             }
             let last = replica.durable().last().index;
@@ -1413,6 +1419,7 @@ impl Cluster {
                 leaving: leaving.iter().map(ToString::to_string).collect(),
                 lag,
                 copied,
+                handoff_to,
             });
         }
         moves

@@ -16,7 +16,7 @@ use topology::NodeId;
 
 /// The version every frame starts with; a peer speaking another one is refused with
 /// [`Error::WireVersion`].
-pub const WIRE_VERSION: u16 = 7;
+pub const WIRE_VERSION: u16 = 8;
 
 /// The tag byte of a datagram that carries a SWIM (foca) packet.
 pub const DATAGRAM_SWIM: u8 = 1;
@@ -434,6 +434,11 @@ pub struct MoveView {
     pub lag: Option<u64>,
     /// Snapshot transfers to joining replicas, summed; `None` when none is under way.
     pub copied: Option<CopyProgress>,
+    /// Placement's leader for the shard when that is another of its voters: leadership passes
+    /// to it (R7's handoff) once nobody joins or leaves and, while shards this node leads are
+    /// moving, once those moves are done. A shard with nobody joining or leaving is listed
+    /// for this alone.
+    pub handoff_to: Option<String>,
 }
 
 /// One member's share of the ring.

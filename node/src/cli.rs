@@ -416,6 +416,7 @@ pub(crate) fn move_json(moving: &MoveView) -> Value {
         "leaving": moving.leaving,
         "lag": moving.lag,
         "copied": copy_json(moving.copied),
+        "handoff_to": moving.handoff_to,
     })
 }
 
@@ -500,9 +501,17 @@ pub(crate) fn print_moves(moves: &[MoveView], silent: &[String]) {
         say!("no shard is moving");
     } else {
         let mut rows = vec![
-            ["SHARD", "LEADER", "TO", "FROM", "LAG", "SNAPSHOT COPIED"]
-                .map(str::to_owned)
-                .to_vec(),
+            [
+                "SHARD",
+                "LEADER",
+                "TO",
+                "FROM",
+                "LAG",
+                "SNAPSHOT COPIED",
+                "NEXT LEADER",
+            ]
+            .map(str::to_owned)
+            .to_vec(),
         ];
         for moving in moves {
             rows.push(vec![
@@ -515,6 +524,7 @@ pub(crate) fn print_moves(moves: &[MoveView], silent: &[String]) {
                     || "-".to_owned(),
                     |c| format!("{}/{} keys", c.keys, c.keys_total),
                 ),
+                moving.handoff_to.clone().unwrap_or_else(|| "-".to_owned()),
             ]);
         }
         say!("{} shards moving:", moves.len());

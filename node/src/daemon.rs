@@ -577,6 +577,7 @@ impl NodeLoop {
             joining = ?joining,
             leaving = ?leaving,
             max_lag = moves.iter().filter_map(|moving| moving.lag).max(),
+            handoffs = moves.iter().filter(|moving| moving.handoff_to.is_some()).count(),
             snapshot_keys = copied.keys,
             snapshot_keys_total = copied.keys_total,
             snapshot_bytes = copied.bytes,

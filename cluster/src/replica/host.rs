@@ -133,6 +133,12 @@ pub struct ShardHost {
     queued_targets: BTreeMap<u16, Vec<Member>>,
     /// The shards this node leads whose voters are not yet the target they were handed.
     moving: BTreeSet<u16>,
+    /// Whether this node's leaders hold their handoffs back (R7; [`ShardReplica::hold_handoff`]):
+    /// while shards they lead move or wait to move. A join's new node would otherwise take
+    /// over a quarter of the shards one by one while it loads copies, its loop and disk
+    /// busy: every client write that follows a `moved` there waited for it (BENCHMARKS.md,
+    /// issue 6, session 26).
+    handoffs_held: bool,
     /// Moves of shards led here that started or ended, oldest first ([`ShardHost::poll_move`]).
     move_changes: VecDeque<MoveChange>,
     /// Copy verifications decided by replicas leading here, oldest first
@@ -171,6 +177,7 @@ impl ShardHost {
             given: ShardMap::new(),
             queued_targets: BTreeMap::new(),
             moving: BTreeSet::new(),
+            handoffs_held: false,
             move_changes: VecDeque::new(),
             verify_outcomes: VecDeque::new(),
             held_reads: VecDeque::new(),
@@ -217,6 +224,9 @@ impl ShardHost {
             seed,
         );
         self.replicas.insert(shard, Box::new(replica));
+        if let Some(replica) = self.replicas.get_mut(shard) {
+            replica.hold_handoff(now, self.handoffs_held);
+        }
         self.drain(now, shard);
     }
 
@@ -282,7 +292,8 @@ impl ShardHost {
     }
 
     /// The replica set placement wants for `shard`. A target that would start a move (change
-    /// the voters of a shard this node leads) waits while `max_moves` shards are moving here.
+    /// the voters of a shard this node leads) waits while `max_moves` shards are moving here,
+    /// and while any is, the leaders here hold their handoffs back.
     pub fn handle_target(&mut self, now: Duration, shard: u16, target: Vec<Member>) {
         if !self.replicas.contains_key(shard) {
             return;
@@ -294,9 +305,10 @@ impl ShardHost {
         let full = self.moving.len() >= self.config.max_moves.max(1);
         if full && !self.moving.contains(&shard) && self.starts_move(shard, &target) {
             self.queued_targets.insert(shard, target);
-            return;
+        } else {
+            self.give_target(now, shard, target);
         }
-        self.give_target(now, shard, target);
+        self.hold_or_release_handoffs(now);
     }
 
     /// The next move of a shard led here that started or ended, oldest first.
@@ -348,6 +360,25 @@ impl ShardHost {
             && let Some((shard, target)) = self.queued_targets.pop_first()
         {
             self.give_target(now, shard, target);
+        }
+        self.hold_or_release_handoffs(now);
+    }
+
+    /// Holds every leader's handoff back while shards led here move or wait to move, and lets
+    /// them all go once none does. Runs after every input; walks the replicas only when the
+    /// answer changes.
+    fn hold_or_release_handoffs(&mut self, now: Duration) {
+        let hold = !self.moving.is_empty() || !self.queued_targets.is_empty();
+        if hold == self.handoffs_held {
+            return;
+        }
+        self.handoffs_held = hold;
+        let shards: Vec<u16> = self.replicas.keys().collect();
+        for shard in shards {
+            if let Some(replica) = self.replicas.get_mut(shard) {
+                replica.hold_handoff(now, hold);
+            }
+            self.drain(now, shard);
         }
     }
 

@@ -758,6 +758,10 @@ pub struct ShardReplica {
     config_at: Option<u64>,
     target: Option<Vec<Member>>,
     last_handoff: Option<Duration>,
+    /// Whether R7's handoff to the target's first voter waits ([`ShardReplica::hold_handoff`]):
+    /// the host holds it while shards this node leads are moving, so the joiner they copy to
+    /// takes over leaderships once it no longer loads copies.
+    handoff_held: bool,
     /// A snapshot being received (R6).
     incoming: Option<SnapshotReceive>,
     /// Writes this replica appended as leader that had not committed when it stepped down, by
@@ -832,6 +836,7 @@ impl ShardReplica {
             config_at: None,
             target: None,
             last_handoff: None,
+            handoff_held: false,
             incoming: None,
             undecided: BTreeMap::new(),
             verify_asked: None,
@@ -1071,6 +1076,22 @@ impl ShardReplica {
         self.note_input(now);
         self.target = Some(target);
         if matches!(&self.role, Role::Leader(leader) if leader.established) {
+            self.reconfigure(now);
+        }
+        self.finish(now);
+    }
+
+    /// Holds back (`true`) or lets go (`false`) R7's handoff to the target's first voter while
+    /// this replica stays in its target. A leader leaving the target hands off regardless: its
+    /// move cannot end otherwise. Only scheduling: who may lead is unchanged, and a held
+    /// leader keeps serving.
+    pub fn hold_handoff(&mut self, now: Duration, held: bool) {
+        if self.handoff_held == held {
+            return;
+        }
+        self.note_input(now);
+        self.handoff_held = held;
+        if !held && matches!(&self.role, Role::Leader(leader) if leader.established) {
             self.reconfigure(now);
         }
         self.finish(now);
@@ -2965,6 +2986,9 @@ impl ShardReplica {
             let Some(first) = target.first().filter(|m| active.voters.contains(m)) else {
                 return;
             };
+            if self.handoff_held && target.contains(&self.me) {
+                return;
+            }
             let recently = self
                 .last_handoff
                 .is_some_and(|at| now.saturating_sub(at) < T_STABLE);

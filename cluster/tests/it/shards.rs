@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use cluster::ClusterSpec;
 use cluster::replica::{ClientOp, ClientReply};
-use shardtable::{ShardCount, TableSpec};
+use shardtable::{ShardCount, ShardId, TableSpec};
 use topology::VnodeCount;
 
 use crate::net::{Net, name, seeds};
@@ -88,7 +88,7 @@ fn joiners_become_voters_of_every_shard_and_clients_read_their_writes() {
                 let placed: Vec<_> = net
                     .core(index)
                     .table()
-                    .shard_info(shardtable::ShardId::new(shard))
+                    .shard_info(ShardId::new(shard))
                     .unwrap()
                     .replicas()
                     .cloned()
@@ -173,9 +173,13 @@ fn shard_info_shows_a_join_as_migrating_until_the_joiner_votes() {
         assert!(migrating.leaving.is_empty(), "{migrating:?}");
         let stable = ask(&mut net, 3);
         assert_eq!(stable.state, "stable", "{stable:?}; seed {seed}");
+        // Still listed only if its leadership is yet to pass to placement's leader.
         let status = net.slots[0].core.as_ref().unwrap().status();
         assert!(
-            status.moving.iter().all(|moving| moving.shard != 3),
+            status.moving.iter().all(|moving| moving.shard != 3
+                || (moving.joining.is_empty()
+                    && moving.leaving.is_empty()
+                    && moving.handoff_to.is_some())),
             "{status:?}; seed {seed}"
         );
         assert!(
@@ -228,6 +232,67 @@ fn a_join_moves_at_most_max_moves_shards_per_leader_at_once() {
             most_queued >= SHARDS as usize - 2 - 2,
             "seed {seed}: the others waited: {most_queued}"
         );
+    }
+}
+
+/// A leader hands shards to a joiner (R7) only once none of the shards it leads is moving or
+/// waiting to: the joiner takes its leaderships after it has loaded its copies, not one at a
+/// time between them. Meanwhile `status` lists those shards with `handoff_to`, and once they
+/// have passed it lists nothing.
+#[test]
+fn handoffs_wait_until_the_leaders_moves_are_done() {
+    for seed in seeds(3) {
+        let mut net = Net::new(seed);
+        net.spec = small_spec();
+        net.config.replica.max_moves = 2;
+        net.start(0, None).unwrap();
+        net.bootstrap_shards(0);
+        net.run_until(Duration::from_secs(1));
+        net.start(1, Some(0)).unwrap();
+        let deadline = net.now + Duration::from_secs(30);
+        let mut listed_handoff = false;
+        loop {
+            let now = net.now;
+            net.run_until(now + Duration::from_millis(5));
+            let (moving, queued) = net.core(0).shards().moves();
+            let leads_at = |node: usize, shard: u16| {
+                net.core(node)
+                    .shards()
+                    .replica(shard)
+                    .is_some_and(|replica| replica.established_ballot().is_some())
+            };
+            let joiner_leads = (0..SHARDS as u16).filter(|&s| leads_at(1, s)).count();
+            assert!(
+                joiner_leads == 0 || (moving, queued) == (0, 0),
+                "seed {seed}: n1 leads {joiner_leads} shards while n0 has {moving} moving \
+                 and {queued} queued"
+            );
+            listed_handoff |= net
+                .core(0)
+                .moves_led_here()
+                .iter()
+                .any(|m| m.handoff_to.as_deref() == Some("n1"));
+            let placed_at_n1 = (0..SHARDS as u16)
+                .filter(|&s| {
+                    let info = net.core(0).table().shard_info(ShardId::new(s)).unwrap();
+                    info.leader() == Some(&name(1))
+                })
+                .count();
+            if placed_at_n1 > 0 && joiner_leads == placed_at_n1 {
+                break;
+            }
+            assert!(
+                net.now < deadline,
+                "seed {seed}: n1 leads {joiner_leads} of its {placed_at_n1} shards after 30 s"
+            );
+        }
+        assert!(
+            listed_handoff,
+            "seed {seed}: status never named n1 as next leader"
+        );
+        let now = net.now;
+        net.run_until(now + Duration::from_secs(1));
+        assert_eq!(net.core(0).moves_led_here(), vec![], "seed {seed}");
     }
 }
 
