@@ -516,13 +516,21 @@ fn a_fourth_node_joins_during_writes() {
         let joined = voter_in(&after, "n3");
         eprintln!("n3 is a voter of {joined} of {SHARDS} shards");
         assert!(joined > 0, "n3 is in no shard's target: {after:?}");
-        // Every config is its target, so `status` (asking every node) lists no move.
-        let status = cluster.query(joiner, &["status"]);
-        assert_eq!(status["moving"], serde_json::json!([]), "{status}");
-        assert_eq!(
-            status["moving_unknown_from"],
-            serde_json::json!([]),
-            "{status}"
+        // Every config is its target; each leader then hands the joiner its shards (they
+        // wait for that leader's last move), after which `status` (asking every node) lists
+        // no move.
+        wait_until(
+            CONFIGS_SETTLE_WITHIN,
+            "status lists no moving shard",
+            || {
+                let status = cluster.try_query(joiner, &["status"])?;
+                let none = serde_json::json!([]);
+                if status["moving"] == none && status["moving_unknown_from"] == none {
+                    Ok(())
+                } else {
+                    Err(status.to_string())
+                }
+            },
         );
         workload.wait_progress(WRITERS, RECOVER_WITHIN, "writes after the join");
     });
