@@ -25,23 +25,26 @@
 #        KEYS=1000000 RATE=2000 SLOTRING_MAX_MOVES=4 SLOTRING_BASE_PORT=7600 REDIS_BENCH_PORT=7700
 #        SLOTRING_NODE_BIN=PATH: that node binary, not a fresh release build
 #        KEEP_LOGS=DIR: copy the four slotring nodes' logs there at the end (RUST_LOG applies)
+#        WRITER_SECS=10: how long the paced writer runs during the join (from the joiner's start)
+#        SLOTRING_ONLY=1: skip Redis (for comparing two slotring builds, alternating)
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 ROOT=$PWD
 
 KEYS=${KEYS:-1000000}
 RATE=${RATE:-2000}
+WRITER_SECS=${WRITER_SECS:-10}
 VALUE=100
 SL_BASE=${SLOTRING_BASE_PORT:-7600}
 REDIS_BASE=${REDIS_BENCH_PORT:-7700}
-[[ $KEYS =~ ^[1-9][0-9]*$ && $RATE =~ ^[1-9][0-9]*$ ]] ||
-    { echo "KEYS and RATE must be positive integers" >&2; exit 2; }
+[[ $KEYS =~ ^[1-9][0-9]*$ && $RATE =~ ^[1-9][0-9]*$ && $WRITER_SECS =~ ^[1-9][0-9]*$ ]] ||
+    { echo "KEYS, RATE and WRITER_SECS must be positive integers" >&2; exit 2; }
 [[ -f .cluster/size ]] &&
     { echo "a cluster from scripts/cluster.sh already exists in .cluster: 'scripts/cluster.sh down --purge' first" >&2; exit 1; }
 
 # shellcheck source=scripts/bench/redis_cluster.sh
 source scripts/bench/redis_cluster.sh
-redis_install
+[[ -n ${SLOTRING_ONLY:-} ]] || redis_install
 
 TARGET=${CARGO_TARGET_DIR:-target}
 case $TARGET in /*) ;; *) TARGET=$ROOT/$TARGET ;; esac
@@ -140,20 +143,21 @@ log "slotring fill: $fill_ok of $KEYS writes acknowledged in $(secs_since "$t0")
 # must not run beside them, or "idle" is the cluster still folding a million keys.
 wait_quiet
 
-# paced NAME: the paced writer for 10 s in the background; its JSON lands in WORK/NAME.json.
+# paced NAME SECS: the paced writer for SECS s in the background; its JSON lands in
+# WORK/NAME.json.
 paced() {
-    "$BIN" bench -a "$SEED" --keys "$KEYS" --rate "$RATE" --duration 10 --clients 50 \
+    "$BIN" bench -a "$SEED" --keys "$KEYS" --rate "$RATE" --duration "$2" --clients 50 \
         --read-ratio 0 -o json >"$WORK/$1.json" 2>/dev/null &
     WRITER_PID=$!
 }
-paced idle
+paced idle 10
 wait "$WRITER_PID"
 WRITER_PID=
 idle_p99=$(json_field "$WORK/idle.json" 'd["writes"]["latency_ms"]["p99"]')
 log "slotring idle: paced writer at $RATE/s: write p99 $idle_p99 ms"
 
 "$BIN" certs issue n3 --certs-dir "$SLOTRING_CERTS_DIR" >/dev/null
-paced during
+paced during "$WRITER_SECS"
 t0=$(now)
 "$BIN" --listen "127.0.0.1:$((SL_BASE + 3))" --join "$SEED" --node-id n3 \
     --data-dir "$WORK/n3" --certs-dir "$SLOTRING_CERTS_DIR" >"$WORK/n3.log" 2>&1 &
@@ -201,12 +205,14 @@ log "slotring join: n3 holds $moved keys in $shards shards after $took s: $SL_RA
 spec_shards=$(json_field "$WORK/status.json" 'd["shards"]')
 log "slotring shards moved: $shards, theoretical minimum $(((spec_shards * 3 + 3) / 4)):" \
     "$(awk -v a="$shards" -v m="$(((spec_shards * 3 + 3) / 4))" 'BEGIN { printf "%.3f", a / m }')×"
-log "slotring during the join: paced writer at $RATE/s: write p99 $during_p99 ms" \
+log "slotring during the join: paced writer at $RATE/s for $WRITER_SECS s: write p99 $during_p99 ms" \
     "($(awk -v a="$during_p99" -v b="$idle_p99" 'BEGIN { printf "%.2f", a / b }')× idle), $during_failed failed"
 if ((during_failed > 0)); then
     log "  failed: $(json_field "$WORK/during.json" \
         '"unavailable %d, indeterminate %d, other %d; first error: %s" % (d["writes"]["unavailable"], d["writes"]["indeterminate"], d["writes"]["other"], d["first_error"])')"
 fi
+log "  retried (took more than one attempt): $(json_field "$WORK/during.json" \
+    '"%d writes, p50 %s ms, p99 %s ms; answers %s" % (d["retried"]["ops"], d["retried"]["latency_ms"]["p50"], d["retried"]["latency_ms"]["p99"], d["retried"]["attempts"])')"
 sed 's/^/  /' "$WORK/check.txt" >>"$OUT"
 kill "$JOINER_PID" 2>/dev/null || true
 wait "$JOINER_PID" 2>/dev/null || true
@@ -214,6 +220,10 @@ JOINER_PID=
 keep_logs
 scripts/cluster.sh down --purge >/dev/null 2>&1
 SLOTRING_UP=
+if [[ -n ${SLOTRING_ONLY:-} ]]; then
+    echo "results in $OUT"
+    exit 0
+fi
 
 # ------------------------------------------------------------------------------------------
 # Redis
