@@ -34,6 +34,19 @@ fn three_nodes(seed: u64) -> Net {
     net
 }
 
+/// `n0` bootstraps the shards alone, then `n1` joins: every shard moves, at most `max_moves`
+/// at once.
+fn second_node_joining(seed: u64, max_moves: usize) -> Net {
+    let mut net = Net::new(seed);
+    net.spec = small_spec();
+    net.config.replica.max_moves = max_moves;
+    net.start(0, None).unwrap();
+    net.bootstrap_shards(0);
+    net.run_until(Duration::from_secs(1));
+    net.start(1, Some(0)).unwrap();
+    net
+}
+
 /// Runs `op` through node `at`, following `Moved` answers, until it is answered `Ok`.
 fn execute(net: &mut Net, mut at: usize, token: u64, op: ClientOp) -> Option<Vec<u8>> {
     for _ in 0..50 {
@@ -196,13 +209,7 @@ fn shard_info_shows_a_join_as_migrating_until_the_joiner_votes() {
 #[test]
 fn a_join_moves_at_most_max_moves_shards_per_leader_at_once() {
     for seed in seeds(3) {
-        let mut net = Net::new(seed);
-        net.spec = small_spec();
-        net.config.replica.max_moves = 2;
-        net.start(0, None).unwrap();
-        net.bootstrap_shards(0);
-        net.run_until(Duration::from_secs(1));
-        net.start(1, Some(0)).unwrap();
+        let mut net = second_node_joining(seed, 2);
         let (mut most, mut most_queued) = (0, 0);
         let deadline = net.now + Duration::from_secs(30);
         loop {
@@ -242,13 +249,7 @@ fn a_join_moves_at_most_max_moves_shards_per_leader_at_once() {
 #[test]
 fn handoffs_wait_until_the_leaders_moves_are_done() {
     for seed in seeds(3) {
-        let mut net = Net::new(seed);
-        net.spec = small_spec();
-        net.config.replica.max_moves = 2;
-        net.start(0, None).unwrap();
-        net.bootstrap_shards(0);
-        net.run_until(Duration::from_secs(1));
-        net.start(1, Some(0)).unwrap();
+        let mut net = second_node_joining(seed, 2);
         let deadline = net.now + Duration::from_secs(30);
         let mut listed_handoff = false;
         loop {
