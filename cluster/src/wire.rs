@@ -436,7 +436,7 @@ pub struct MoveView {
     pub copied: Option<CopyProgress>,
     /// Placement's leader for the shard when that is another of its voters: leadership passes
     /// to it (R7's handoff) once nobody joins or leaves and, while shards this node leads are
-    /// moving, once those moves are done. A shard with nobody joining or leaving is listed
+    /// adding members, once they are done. A shard with nobody joining or leaving is listed
     /// for this alone.
     pub handoff_to: Option<String>,
 }

@@ -133,8 +133,14 @@ pub struct ShardHost {
     queued_targets: BTreeMap<u16, Vec<Member>>,
     /// The shards this node leads whose voters are not yet the target they were handed.
     moving: BTreeSet<u16>,
+    /// The moving shards whose target names a member that is not a voter yet: a copy is
+    /// under way or about to start. (A shard whose only difference is a voter the target
+    /// dropped, a dead node kept for `min_voters`, moves no data and may stay so for long.)
+    adding: BTreeSet<u16>,
+    /// The queued targets that name a member that was not a voter when queued.
+    queued_adding: BTreeSet<u16>,
     /// Whether this node's leaders hold their handoffs back (R7; [`ShardReplica::hold_handoff`]):
-    /// while shards they lead move or wait to move. A join's new node would otherwise take
+    /// while shards they lead add members or wait to move. A join's new node would otherwise take
     /// over a quarter of the shards one by one while it loads copies, its loop and disk
     /// busy: every client write that follows a `moved` there waited for it (BENCHMARKS.md,
     /// issue 6, session 26).
@@ -177,6 +183,8 @@ impl ShardHost {
             given: ShardMap::new(),
             queued_targets: BTreeMap::new(),
             moving: BTreeSet::new(),
+            adding: BTreeSet::new(),
+            queued_adding: BTreeSet::new(),
             handoffs_held: false,
             move_changes: VecDeque::new(),
             verify_outcomes: VecDeque::new(),
@@ -292,18 +300,28 @@ impl ShardHost {
     }
 
     /// The replica set placement wants for `shard`. A target that would start a move (change
-    /// the voters of a shard this node leads) waits while `max_moves` shards are moving here,
-    /// and while any is, the leaders here hold their handoffs back.
+    /// the voters of a shard this node leads) waits while `max_moves` shards are moving here;
+    /// while any adds a member or waits, the leaders here hold their handoffs back.
     pub fn handle_target(&mut self, now: Duration, shard: u16, target: Vec<Member>) {
         if !self.replicas.contains_key(shard) {
             return;
         }
         if self.given.get(shard) == Some(&target) {
-            self.queued_targets.remove(&shard);
+            self.unqueue_target(shard);
+            self.hold_or_release_handoffs(now);
             return;
         }
         let full = self.moving.len() >= self.config.max_moves.max(1);
         if full && !self.moving.contains(&shard) && self.starts_move(shard, &target) {
+            let adds = self.replicas.get(shard).is_some_and(|replica| {
+                let voters = &replica.config().voters;
+                target.iter().any(|member| !voters.contains(member))
+            });
+            if adds {
+                self.queued_adding.insert(shard);
+            } else {
+                self.queued_adding.remove(&shard);
+            }
             self.queued_targets.insert(shard, target);
         } else {
             self.give_target(now, shard, target);
@@ -328,7 +346,7 @@ impl ShardHost {
 
     /// Hands `target` to the replica of `shard`.
     fn give_target(&mut self, now: Duration, shard: u16, target: Vec<Member>) {
-        self.queued_targets.remove(&shard);
+        self.unqueue_target(shard);
         if self.starts_move(shard, &target) && self.moving.insert(shard) {
             self.move_changes.push_back(MoveChange::Started { shard });
         }
@@ -364,11 +382,23 @@ impl ShardHost {
         self.hold_or_release_handoffs(now);
     }
 
-    /// Holds every leader's handoff back while shards led here move or wait to move, and lets
-    /// them all go once none does. Runs after every input; walks the replicas only when the
-    /// answer changes.
+    /// Forgets the queued target of `shard`, if any.
+    fn unqueue_target(&mut self, shard: u16) {
+        self.queued_targets.remove(&shard);
+        self.queued_adding.remove(&shard);
+    }
+
+    /// Whether the leaders here hold their handoffs back (R7): while shards they lead add
+    /// members or wait to.
+    pub fn handoffs_held(&self) -> bool {
+        self.handoffs_held
+    }
+
+    /// Holds every leader's handoff back while shards led here add members or wait to,
+    /// and lets them all go once none does. Runs after every input; walks the replicas only
+    /// when the answer changes.
     fn hold_or_release_handoffs(&mut self, now: Duration) {
-        let hold = !self.moving.is_empty() || !self.queued_targets.is_empty();
+        let hold = !self.adding.is_empty() || !self.queued_adding.is_empty();
         if hold == self.handoffs_held {
             return;
         }
@@ -615,6 +645,18 @@ impl ShardHost {
                 .is_some_and(|replica| replica.established_ballot().is_some());
             self.move_changes
                 .push_back(MoveChange::Ended { shard, done });
+        }
+        let adds = self.moving.contains(&shard)
+            && self.given.get(shard).is_some_and(|target| {
+                self.replicas.get(shard).is_some_and(|replica| {
+                    let voters = &replica.config().voters;
+                    target.iter().any(|member| !voters.contains(member))
+                })
+            });
+        if adds {
+            self.adding.insert(shard);
+        } else {
+            self.adding.remove(&shard);
         }
         let Some(replica) = self.replicas.get_mut(shard) else {
             return;

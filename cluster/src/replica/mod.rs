@@ -759,7 +759,7 @@ pub struct ShardReplica {
     target: Option<Vec<Member>>,
     last_handoff: Option<Duration>,
     /// Whether R7's handoff to the target's first voter waits ([`ShardReplica::hold_handoff`]):
-    /// the host holds it while shards this node leads are moving, so the joiner they copy to
+    /// the host holds it while shards this node leads add members, so the joiner they copy to
     /// takes over leaderships once it no longer loads copies.
     handoff_held: bool,
     /// A snapshot being received (R6).

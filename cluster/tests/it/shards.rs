@@ -297,6 +297,53 @@ fn handoffs_wait_until_the_leaders_moves_are_done() {
     }
 }
 
+/// A node that is down and not replaced leaves every shard it held one voter over its target
+/// (`min_voters` keeps it): those shards count as moving, and fill `max_moves` (the rest
+/// queue), but they move no data, so no leader holds its handoffs back for them, and
+/// placement's leader among the survivors leads every shard.
+#[test]
+fn handoffs_go_on_while_a_dead_voter_is_kept() {
+    for seed in seeds(3) {
+        let mut net = three_nodes(seed);
+        net.crash(2);
+        let deadline = net.now + Duration::from_secs(40);
+        loop {
+            let now = net.now;
+            net.run_until(now + Duration::from_millis(100));
+            let table = net.core(0).table();
+            let placed: Vec<usize> = (0..SHARDS as u16)
+                .filter_map(|shard| {
+                    let info = table.shard_info(ShardId::new(shard)).unwrap();
+                    (0..2).find(|&i| info.leader() == Some(&name(i)))
+                })
+                .collect();
+            let n2_placed = (0..SHARDS as u16).any(|shard| {
+                let info = table.shard_info(ShardId::new(shard)).unwrap();
+                info.replicas().any(|node| *node == name(2))
+            });
+            let astray: Vec<u16> = (0..SHARDS as u16)
+                .zip(&placed)
+                .filter(|&(shard, &at)| {
+                    net.core(at)
+                        .shards()
+                        .replica(shard)
+                        .is_none_or(|replica| replica.established_ballot().is_none())
+                })
+                .map(|(shard, _)| shard)
+                .collect();
+            let held = (0..2).any(|i| net.core(i).shards().handoffs_held());
+            if !n2_placed && placed.len() == SHARDS as usize && astray.is_empty() && !held {
+                break;
+            }
+            assert!(
+                net.now < deadline,
+                "seed {seed}: 40 s after n2 crashed, placement's leader does not lead \
+                 {astray:?}, handoffs held: {held}"
+            );
+        }
+    }
+}
+
 /// `decommission` (`node leave`): placement leaves the draining node out, the leaders move
 /// every replica it holds to the others (its own shards by handoff first), it is `drained`,
 /// and after its leave the others list it as `left`, with every shard on the three others.
