@@ -313,15 +313,8 @@ impl ShardHost {
         }
         let full = self.moving.len() >= self.config.max_moves.max(1);
         if full && !self.moving.contains(&shard) && self.starts_move(shard, &target) {
-            let adds = self.replicas.get(shard).is_some_and(|replica| {
-                let voters = &replica.config().voters;
-                target.iter().any(|member| !voters.contains(member))
-            });
-            if adds {
-                self.queued_adding.insert(shard);
-            } else {
-                self.queued_adding.remove(&shard);
-            }
+            let adds = self.adds_member(shard, &target);
+            mark(&mut self.queued_adding, shard, adds);
             self.queued_targets.insert(shard, target);
         } else {
             self.give_target(now, shard, target);
@@ -380,6 +373,14 @@ impl ShardHost {
             self.give_target(now, shard, target);
         }
         self.hold_or_release_handoffs(now);
+    }
+
+    /// Whether `target` names a member that is not a voter of the replica of `shard`.
+    fn adds_member(&self, shard: u16, target: &[Member]) -> bool {
+        self.replicas.get(shard).is_some_and(|replica| {
+            let voters = &replica.config().voters;
+            target.iter().any(|member| !voters.contains(member))
+        })
     }
 
     /// Forgets the queued target of `shard`, if any.
@@ -647,17 +648,11 @@ impl ShardHost {
                 .push_back(MoveChange::Ended { shard, done });
         }
         let adds = self.moving.contains(&shard)
-            && self.given.get(shard).is_some_and(|target| {
-                self.replicas.get(shard).is_some_and(|replica| {
-                    let voters = &replica.config().voters;
-                    target.iter().any(|member| !voters.contains(member))
-                })
-            });
-        if adds {
-            self.adding.insert(shard);
-        } else {
-            self.adding.remove(&shard);
-        }
+            && self
+                .given
+                .get(shard)
+                .is_some_and(|target| self.adds_member(shard, target));
+        mark(&mut self.adding, shard, adds);
         let Some(replica) = self.replicas.get_mut(shard) else {
             return;
         };
@@ -711,5 +706,14 @@ impl ShardHost {
             self.queue(after, shard, to, message);
         }
         self.waiting_spare = passed;
+    }
+}
+
+/// Puts `shard` in `set` or takes it out.
+fn mark(set: &mut BTreeSet<u16>, shard: u16, member: bool) {
+    if member {
+        set.insert(shard);
+    } else {
+        set.remove(&shard);
     }
 }
