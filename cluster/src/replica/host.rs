@@ -140,7 +140,7 @@ pub struct ShardHost {
     /// The queued targets that name a member that was not a voter when queued.
     queued_adding: BTreeSet<u16>,
     /// Whether this node's leaders hold their handoffs back (R7; [`ShardReplica::hold_handoff`]):
-    /// while shards they lead add members or wait to move. A join's new node would otherwise take
+    /// while shards they lead add members or wait to. A join's new node would otherwise take
     /// over a quarter of the shards one by one while it loads copies, its loop and disk
     /// busy: every client write that follows a `moved` there waited for it (BENCHMARKS.md,
     /// issue 6, session 26).
