@@ -143,7 +143,10 @@ pub(crate) async fn run(args: DaemonArgs) -> Result<ExitCode> {
     };
     let generation = stored.map_or(1, |(_, generation)| generation + 1);
     data_dir.store_node(&node_id, generation)?;
-    let opened = Store::open(&args.data_dir.join("shards.redb"))?;
+    let opened = Store::open(
+        &args.data_dir.join("shards.redb"),
+        usize::try_from(args.store_cache)? << 20,
+    )?;
 
     init_tracing(&node_id);
     let span = tracing::info_span!("node", id = %node_id);

@@ -126,6 +126,12 @@ pub(crate) struct DaemonArgs {
     /// its disk before it is deleted; 0 deletes it at once.
     #[arg(long, env = "SLOTRING_RETIRED_GRACE", default_value_t = 3600, value_parser = clap::value_parser!(u64).range(0..=31_536_000))]
     pub(crate) retired_grace: u64,
+    /// The MiB of database pages the shard store keeps in memory (redb's page cache). Reads
+    /// are served from each shard's in-memory map, so the cache serves only the store's own
+    /// writes and snapshot reads: a small one is enough, and a large one grows towards a
+    /// second copy of the data.
+    #[arg(long, env = "SLOTRING_STORE_CACHE", default_value_t = 64, value_parser = clap::value_parser!(u32).range(1..=65536))]
+    pub(crate) store_cache: u32,
 }
 
 #[derive(Debug, Subcommand)]

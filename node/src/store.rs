@@ -236,9 +236,11 @@ impl Store {
     /// Opens or creates the database at `path` (`<data-dir>/shards.redb`) and its log, folds
     /// what only the log holds, and loads every shard. A new database gets a new random
     /// [`StorageId`], so a wiped or recreated database is a new member (PROTOCOL.md I5).
-    pub(crate) fn open(path: &Path) -> Result<Opened> {
+    pub(crate) fn open(path: &Path, cache_bytes: usize) -> Result<Opened> {
         let shown = path.display();
-        let db = Database::create(path)
+        let db = Database::builder()
+            .set_cache_size(cache_bytes)
+            .create(path)
             .with_context(|| format!("opening the shard store {shown} (is it a redb database?)"))?;
         let Meta {
             storage_id,

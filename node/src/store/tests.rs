@@ -10,6 +10,10 @@ use topology::NodeId;
 
 use super::*;
 
+/// The page cache the tests' stores keep: small, so that their reads and writes also go
+/// through evictions.
+const TEST_CACHE: usize = 1 << 20;
+
 /// A directory under the system temp dir, removed on drop.
 struct TempDir(PathBuf);
 
@@ -123,7 +127,7 @@ impl Model {
 }
 
 fn reopen(path: &Path) -> Opened {
-    Store::open(path).unwrap()
+    Store::open(path, TEST_CACHE).unwrap()
 }
 
 // ---- Generating valid change sequences -------------------------------------------------
@@ -333,7 +337,7 @@ proptest! {
         let dir = TempDir::new("prop");
         let persists = build(plan);
         let mut model = Model::default();
-        let Opened { mut store, storage_id, .. } = Store::open(&dir.db()).unwrap();
+        let Opened { mut store, storage_id, .. } = Store::open(&dir.db(), TEST_CACHE).unwrap();
         store.set_fold_policy(FoldPolicy {
             batches: fold_every.unwrap_or(usize::MAX),
             bytes: usize::MAX,
@@ -383,7 +387,7 @@ proptest! {
         let dir = TempDir::new("parts");
         let persists = build(plan);
         let mut model = Model::default();
-        let Opened { mut store, .. } = Store::open(&dir.db()).unwrap();
+        let Opened { mut store, .. } = Store::open(&dir.db(), TEST_CACHE).unwrap();
         store.set_fold_policy(FoldPolicy {
             batches: fold_every,
             bytes: usize::MAX,
@@ -438,7 +442,7 @@ fn a_retired_copy_stays_on_the_disk_until_dropped() {
         kv.range::<(u16, &[u8])>(kv_range(shard)).unwrap().count()
     };
     let dir = TempDir::new("retired");
-    let mut store = Store::open(&dir.db()).unwrap().store;
+    let mut store = Store::open(&dir.db(), TEST_CACHE).unwrap().store;
     for shard in [1, 2] {
         let changes = vec![
             Change::Append(vec![put(1, b"a"), put(2, b"b")]),
@@ -540,7 +544,7 @@ fn odd_changes_follow_apply_change() {
         )],
     ];
     let dir = TempDir::new("odd");
-    let mut store = Store::open(&dir.db()).unwrap().store;
+    let mut store = Store::open(&dir.db(), TEST_CACHE).unwrap().store;
     let mut model = Model::default();
     for (batch, shards) in (0..).zip(batches) {
         let persist = host_persist(batch, shards);
@@ -561,7 +565,7 @@ fn odd_changes_follow_apply_change() {
 #[test]
 fn created_shards_survive_reopen() {
     let dir = TempDir::new("create");
-    let mut store = Store::open(&dir.db()).unwrap().store;
+    let mut store = Store::open(&dir.db(), TEST_CACHE).unwrap().store;
     let mut model = Model::default();
     for shard in [0u16, 7, u16::MAX] {
         model.shards.insert(shard, Durable::bootstrap(config(3)));
@@ -595,7 +599,7 @@ fn created_shards_survive_reopen() {
 #[test]
 fn storage_id_survives_reopen_and_a_new_database_gets_a_new_one() {
     let dir = TempDir::new("id");
-    let first = Store::open(&dir.db()).unwrap();
+    let first = Store::open(&dir.db(), TEST_CACHE).unwrap();
     assert!(first.shards.is_empty());
     let id = first.storage_id;
     drop(first);
@@ -610,7 +614,7 @@ fn storage_id_survives_reopen_and_a_new_database_gets_a_new_one() {
 #[test]
 fn an_unknown_format_version_is_refused() {
     let dir = TempDir::new("version");
-    drop(Store::open(&dir.db()).unwrap());
+    drop(Store::open(&dir.db(), TEST_CACHE).unwrap());
     {
         let db = Database::create(dir.db()).unwrap();
         let txn = db.begin_write().unwrap();
@@ -620,7 +624,7 @@ fn an_unknown_format_version_is_refused() {
             .unwrap();
         txn.commit().unwrap();
     }
-    let error = format!("{:#}", Store::open(&dir.db()).unwrap_err());
+    let error = format!("{:#}", Store::open(&dir.db(), TEST_CACHE).unwrap_err());
     assert!(
         error.contains("unknown shard store format version 7 (this build reads versions 1 and 2)"),
         "{error}"
@@ -634,7 +638,7 @@ fn an_unknown_format_version_is_refused() {
 fn a_version_1_store_is_upgraded() {
     let dir = TempDir::new("upgrade");
     let shards = {
-        let Opened { mut store, .. } = Store::open(&dir.db()).unwrap();
+        let Opened { mut store, .. } = Store::open(&dir.db(), TEST_CACHE).unwrap();
         let durable = Durable::bootstrap(config(3));
         store.create_shards([(5, &durable)]).unwrap();
         drop(store);
@@ -647,7 +651,7 @@ fn a_version_1_store_is_upgraded() {
         txn.commit().unwrap();
         BTreeMap::from([(5, durable)])
     };
-    let Opened { mut store, .. } = Store::open(&dir.db()).unwrap();
+    let Opened { mut store, .. } = Store::open(&dir.db(), TEST_CACHE).unwrap();
     let persist = host_persist(0, vec![(5, vec![Change::Promised(ballot(9))])]);
     store.commit(&persist).unwrap();
     drop(store);
@@ -674,7 +678,7 @@ fn a_version_1_store_is_upgraded() {
 fn a_file_that_is_not_a_shard_store_is_refused() {
     let dir = TempDir::new("corrupt");
     std::fs::write(dir.db(), vec![0x5a; 64 * 1024]).unwrap();
-    let error = format!("{:#}", Store::open(&dir.db()).unwrap_err());
+    let error = format!("{:#}", Store::open(&dir.db(), TEST_CACHE).unwrap_err());
     assert!(error.contains("opening the shard store"), "{error}");
 
     let foreign = TempDir::new("foreign");
@@ -687,7 +691,7 @@ fn a_file_that_is_not_a_shard_store_is_refused() {
             .unwrap();
         txn.commit().unwrap();
     }
-    let error = format!("{:#}", Store::open(&foreign.db()).unwrap_err());
+    let error = format!("{:#}", Store::open(&foreign.db(), TEST_CACHE).unwrap_err());
     assert!(
         error.contains("without a slotring format version"),
         "{error}"
@@ -697,7 +701,7 @@ fn a_file_that_is_not_a_shard_store_is_refused() {
 #[test]
 fn a_view_is_one_shards_applied_state_at_one_position() {
     let dir = TempDir::new("snapshot");
-    let mut store = Store::open(&dir.db()).unwrap().store;
+    let mut store = Store::open(&dir.db(), TEST_CACHE).unwrap().store;
     // Entry `index` of ballot 1 appended and applied, writing `keys`.
     let apply = |shard: u16, index: u64, keys: std::ops::Range<u8>| {
         let entry = Entry {
@@ -770,7 +774,7 @@ fn a_view_is_one_shards_applied_state_at_one_position() {
 #[tokio::test]
 async fn a_view_older_than_asked_brings_the_fold_forward() {
     let dir = TempDir::new("fold-soon");
-    let mut store = Store::open(&dir.db()).unwrap().store;
+    let mut store = Store::open(&dir.db(), TEST_CACHE).unwrap().store;
     store.set_fold_policy(FoldPolicy {
         batches: usize::MAX,
         bytes: usize::MAX,
@@ -816,7 +820,7 @@ async fn a_view_older_than_asked_brings_the_fold_forward() {
 async fn the_worker_reports_batches_in_order_then_stops_on_drop() {
     let dir = TempDir::new("worker");
     let mut model = Model::default();
-    let mut handle_store = Store::open(&dir.db()).unwrap().store;
+    let mut handle_store = Store::open(&dir.db(), TEST_CACHE).unwrap().store;
     // Folds after every 3 commits: the reopen below finds folded and unfolded batches.
     handle_store.set_fold_policy(FoldPolicy {
         batches: 3,
@@ -842,7 +846,7 @@ async fn the_worker_reports_batches_in_order_then_stops_on_drop() {
 #[tokio::test]
 async fn a_failed_fold_is_reported_and_stops_the_worker() {
     let dir = TempDir::new("worker-error");
-    let mut store = Store::open(&dir.db()).unwrap().store;
+    let mut store = Store::open(&dir.db(), TEST_CACHE).unwrap().store;
     store.set_fold_policy(FoldPolicy {
         batches: 1,
         bytes: usize::MAX,
@@ -891,7 +895,7 @@ async fn a_failed_fold_is_reported_and_stops_the_worker() {
     drop(handle);
     // The fold's transaction left nothing behind, and the store refuses to open with a row it
     // cannot fold rather than drop an acknowledged batch.
-    let error = format!("{:#}", Store::open(&dir.db()).unwrap_err());
+    let error = format!("{:#}", Store::open(&dir.db(), TEST_CACHE).unwrap_err());
     assert!(error.contains("folding the write-ahead log"), "{error}");
     assert!(error.contains("u64::MAX"), "{error}");
 }
@@ -947,7 +951,7 @@ fn crash_child() {
     let Ok(dir) = std::env::var(CRASH_DIR_ENV) else {
         return;
     };
-    let mut store = Store::open(&Path::new(&dir).join("shards.redb"))
+    let mut store = Store::open(&Path::new(&dir).join("shards.redb"), TEST_CACHE)
         .unwrap()
         .store;
     // Folds (without an fsync) every 4 commits, so kills also land in and after folds.
@@ -1046,7 +1050,7 @@ fn measure_commit_throughput() {
             }
             Err(_) => TempDir::new("bench"),
         };
-        let mut store = Store::open(&dir.db()).unwrap().store;
+        let mut store = Store::open(&dir.db(), TEST_CACHE).unwrap().store;
         let mut key_counter = 0u64;
         let mut batches = 0u64;
         let started = Instant::now();
