@@ -604,7 +604,10 @@ struct SnapshotReceive {
     base: Pos,
     config: Config,
     next: u64,
-    kv: BTreeMap<Vec<u8>, Vec<u8>>,
+    /// The chunks' pairs in the order received: the leader sends them in key order, so the
+    /// install builds its map in one pass with full nodes (a map filled pair by pair is about
+    /// half full).
+    pairs: Pairs,
     /// A verified chunk that arrived before its predecessor (the network reorders): its
     /// number, pairs and `last` flag.
     ahead: Option<(u64, Pairs, bool)>,
@@ -2668,7 +2671,7 @@ impl ShardReplica {
                 base: chunk.base.clone(),
                 config: chunk.config.clone(),
                 next: 0,
-                kv: BTreeMap::new(),
+                pairs: Vec::new(),
                 ahead: None,
             });
             if chunk.seq == 1 {
@@ -2700,13 +2703,13 @@ impl ShardReplica {
             return;
         }
         let mut last = chunk.last;
-        incoming.kv.extend(chunk.pairs);
+        incoming.pairs.extend(chunk.pairs);
         incoming.next += 1;
         if !last
             && let Some((seq, pairs, ahead_last)) = incoming.ahead.take()
             && seq == incoming.next
         {
-            incoming.kv.extend(pairs);
+            incoming.pairs.extend(pairs);
             incoming.next += 1;
             last = ahead_last;
         }
@@ -2733,10 +2736,12 @@ impl ShardReplica {
         tracing::debug!(
             shard = self.shard,
             base = index,
-            keys = incoming.kv.len(),
+            pairs = incoming.pairs.len(),
             "snapshot installed"
         );
-        let mut kv = incoming.kv;
+        // Sorted input sorts in one pass; a key sent twice keeps its last value, as inserting
+        // pair by pair did.
+        let mut kv: BTreeMap<Vec<u8>, Vec<u8>> = incoming.pairs.into_iter().collect();
         if self.mutations.corrupt_next_install
             && let Some(value) = kv.values_mut().next()
         {
@@ -3408,27 +3413,37 @@ impl ShardReplica {
         if !leader.established {
             return;
         }
+        if leader.reads.is_empty() {
+            return;
+        }
         let config = active(&self.durable, self.config_at);
+        // The newest round a majority of the voters acknowledged (the leader acknowledges
+        // every round): a read's round is confirmed exactly when it is at most this.
+        let mut acked: Vec<u64> = config
+            .voters
+            .iter()
+            .map(|voter| {
+                if voter.node == self.me.node {
+                    u64::MAX
+                } else {
+                    leader.hb_acked.get(&voter.node).copied().unwrap_or(0)
+                }
+            })
+            .collect();
+        acked.sort_unstable_by(|a, b| b.cmp(a));
+        let confirmed = config
+            .majority()
+            .checked_sub(1)
+            .and_then(|at| acked.get(at).copied())
+            .unwrap_or(0);
         let applied = self.durable.applied;
         let mut served = Vec::new();
         leader.reads.retain(|read| {
-            if read.round == 0 || applied < read.read_index {
+            if read.round == 0 || read.round > confirmed || applied < read.read_index {
                 return true;
             }
-            let acked = config
-                .voters
-                .iter()
-                .filter(|voter| {
-                    voter.node == self.me.node
-                        || leader.hb_acked.get(&voter.node).copied().unwrap_or(0) >= read.round
-                })
-                .count();
-            if acked >= config.majority() {
-                served.push((read.tag, self.durable.kv.get(&read.key).cloned()));
-                false
-            } else {
-                true
-            }
+            served.push((read.tag, self.durable.kv.get(&read.key).cloned()));
+            false
         });
         for (tag, value) in served {
             self.replies.push_back((tag, ClientReply::Ok { value }));
