@@ -304,18 +304,13 @@ impl Hash for ReplicaState {
     }
 }
 
-/// Fields of `ShardReplica` that never change its behaviour in the model but would split
-/// otherwise equal states: `rng` advances on every draw even with zero jitter (a hidden
-/// counter), `next_batch` counts batches (all of them are persisted at once here), and the
-/// timer deadlines are not read (the model fires timers nondeterministically).
-const MASKED: [&str; 4] = ["rng", "next_batch", "election_at", "heartbeat_at"];
-
-/// The replica's fingerprint: a hash of its `Debug` text (the only view of its private fields)
-/// without the [`MASKED`] fields, of the disk image and of the failed assertion, if any.
+/// The replica's fingerprint: its [`ShardReplica::hash_for_model`] (every field but the jitter
+/// generator, the batch counter and the timer deadlines, which never change its behaviour in
+/// the model: it fires timers nondeterministically, with no jitter), the disk image and the
+/// failed assertion, if any.
 fn canon(state: &ReplicaState) -> u64 {
-    let text = format!("{:?}", state.replica);
     let mut hasher = DefaultHasher::new();
-    mask_fields(&text, &MASKED).hash(&mut hasher);
+    state.replica.hash_for_model(&mut hasher);
     state.disk.hash(&mut hasher);
     state.boots.hash(&mut hasher);
     state.wipes.hash(&mut hasher);
@@ -324,56 +319,6 @@ fn canon(state: &ReplicaState) -> u64 {
     state.held.hash(&mut hasher);
     state.synced.hash(&mut hasher);
     hasher.finish()
-}
-
-/// `text` is `Name { a: .., b: .., .. }` (derived `Debug`); drops the top-level fields in
-/// `masked`, and panics if one is missing (a renamed field must be renamed here too).
-fn mask_fields(text: &str, masked: &[&str]) -> String {
-    let open = text.find('{').expect("a struct");
-    let body = &text[open + 1..text.len() - 1];
-    let mut fields = Vec::new();
-    let (mut depth, mut start, mut quoted, mut escaped) = (0i32, 0, false, false);
-    for (i, c) in body.char_indices() {
-        if quoted {
-            match (escaped, c) {
-                (true, _) => escaped = false,
-                (false, '\\') => escaped = true,
-                (false, '"') => quoted = false,
-                _ => {}
-            }
-            continue;
-        }
-        match c {
-            '"' => quoted = true,
-            '{' | '(' | '[' => depth += 1,
-            '}' | ')' | ']' => depth -= 1,
-            ',' if depth == 0 => {
-                fields.push(body[start..i].trim());
-                start = i + 1;
-            }
-            _ => {}
-        }
-    }
-    fields.push(body[start..].trim());
-    let mut kept = String::with_capacity(text.len());
-    for name in masked {
-        let prefix = format!("{name}: ");
-        assert!(
-            fields.iter().any(|f| f.starts_with(&prefix)),
-            "ShardReplica has no field `{name}` any more: update MASKED"
-        );
-    }
-    for field in fields {
-        if !masked.iter().any(|name| {
-            field
-                .strip_prefix(name)
-                .is_some_and(|r| r.starts_with(": "))
-        }) {
-            kept.push_str(field);
-            kept.push('\n');
-        }
-    }
-    kept
 }
 
 thread_local! {
@@ -1046,13 +991,4 @@ impl Actor for ModelActor {
             ModelActor::Env { .. } => "env".to_string(),
         }
     }
-}
-
-#[test]
-fn mask_fields_drops_only_the_named_top_level_fields() {
-    let text = r#"S { a: 1, rng: 5, b: X { rng: 2, c: [1, 2] }, d: "x, rng: 3", next_batch: 9 }"#;
-    assert_eq!(
-        mask_fields(text, &["rng", "next_batch"]),
-        "a: 1\nb: X { rng: 2, c: [1, 2] }\nd: \"x, rng: 3\"\n"
-    );
 }
