@@ -14,10 +14,15 @@
 //! `indeterminate`) is *not* retried: it is reported as indeterminate, because it may yet
 //! commit. Reads are always safe to retry.
 //!
+//! An attempt waits for its answer as long as the node shows it is alive: each attempt timeout
+//! (one second for the CLI and the bench) that passes without the answer, it is given up unless
+//! the node answered another request of this client meanwhile (a saturated leader, or one
+//! holding a write through a handoff, gives its definite answer late; a write given up on is
+//! indeterminate), and never past the operation's deadline.
+//!
 //! After a leader dies: a node that did not answer is *silent* for [`SILENT_FOR`]: no connection
-//! could be made to it, or a request to it timed out and it has answered no request since that
-//! one was sent (a node that answers others is alive, only slow with this one, for instance
-//! holding a write during a leadership handoff). The connection to a node that timed out that
+//! could be made to it, or a request to it timed out and it answered no request in the attempt
+//! timeout before (a node that answers others is alive, only slow with this one). The connection to a node that timed out that
 //! way is closed, so the next request makes a new one and fails as "not sent" rather than timing
 //! out again; a slow node's connection is kept, because closing it would fail every other
 //! request in flight on it. The surviving replicas keep naming a dead leader until they elect
@@ -275,6 +280,66 @@ impl KvClient {
         }
     }
 
+    /// Whether `addr` answered a request of this client (any clone) after `since`.
+    fn heard_since(&self, addr: SocketAddr, since: Instant) -> bool {
+        self.routes().heard.get(&addr).is_some_and(|at| *at > since)
+    }
+
+    /// Sends one attempt, `body`, to `target` at `sent` and waits for its answer while the node
+    /// shows it is alive, until `deadline`: an attempt still unanswered after `attempt_timeout`
+    /// is given up (a timeout) unless the node answered another request of this client within
+    /// that time, and then it waits another `attempt_timeout`, and so on. A leader that is only
+    /// slow (saturated, or holding a write through a handoff) thus gives its definite answer
+    /// rather than leaving the write indeterminate, while a dead or stalled one is given up on
+    /// after one `attempt_timeout`, as the failover needs. Records the node as answering or
+    /// silent ([`Self::answered`], [`Self::unanswered`]).
+    async fn attempt(
+        &self,
+        target: SocketAddr,
+        body: Bytes,
+        sent: Instant,
+        deadline: Instant,
+    ) -> Result<Bytes, transport::RequestError> {
+        let mut window = sent;
+        let answer = 'answer: {
+            let remaining = deadline.saturating_duration_since(sent);
+            if let Err(error) = self
+                .endpoint
+                .connect(target, None, remaining.min(self.attempt_timeout))
+                .await
+            {
+                break 'answer Err(error);
+            }
+            let request = self.endpoint.request(
+                target,
+                None,
+                body,
+                deadline.saturating_duration_since(Instant::now()),
+            );
+            tokio::pin!(request);
+            loop {
+                let check = (window + self.attempt_timeout).min(deadline);
+                tokio::select! {
+                    answer = &mut request => break answer,
+                    () = tokio::time::sleep_until(check.into()) => {
+                        if check >= deadline || !self.heard_since(target, window) {
+                            break Err(transport::RequestError::Timeout {
+                                addr: target,
+                                after: check.saturating_duration_since(sent),
+                            });
+                        }
+                        window = check;
+                    }
+                }
+            }
+        };
+        match &answer {
+            Ok(_) => self.answered(target),
+            Err(error) => self.unanswered(target, window, error),
+        }
+        answer
+    }
+
     /// Starts a liveness check of silent `addr` in the background, unless one is in flight.
     fn check_silent(&self, addr: SocketAddr) {
         if !self.routes().checking.insert(addr) {
@@ -395,15 +460,7 @@ impl KvClient {
                     KvError::Unavailable { shard }
                 });
             }
-            let timeout = (deadline - now).min(self.attempt_timeout);
-            let answer = self
-                .endpoint
-                .request(target, None, bodies.get(route), timeout)
-                .await;
-            match &answer {
-                Ok(_) => self.answered(target),
-                Err(error) => self.unanswered(target, now, error),
-            }
+            let answer = self.attempt(target, bodies.get(route), now, deadline).await;
             let reply = match answer {
                 Ok(bytes) => match wire::decode::<Response>(&bytes) {
                     Ok(Response::Client(reply)) => reply,
@@ -648,6 +705,11 @@ mod tests {
 
     impl ScriptedLeader {
         fn start(script: Vec<ClientReply>) -> ScriptedLeader {
+            Self::answering_after(Duration::ZERO, script)
+        }
+
+        /// A leader whose answers to client operations each take `delay`.
+        fn answering_after(delay: Duration, script: Vec<ClientReply>) -> ScriptedLeader {
             let certs = tempfile::Builder::new()
                 .prefix("slotring-client-")
                 .tempdir()
@@ -664,7 +726,13 @@ mod tests {
             .expect("bind");
             let addr = endpoint.local_addr();
             let attempts = Arc::new(Mutex::new(Vec::new()));
-            tokio::spawn(Self::answer(inbound, id, addr, script, attempts.clone()));
+            tokio::spawn(Self::answer(
+                inbound,
+                id,
+                addr,
+                (script, delay),
+                attempts.clone(),
+            ));
             ScriptedLeader {
                 addr,
                 attempts,
@@ -677,7 +745,7 @@ mod tests {
             mut inbound: mpsc::Receiver<Inbound>,
             id: NodeId,
             addr: SocketAddr,
-            script: Vec<ClientReply>,
+            (script, delay): (Vec<ClientReply>, Duration),
             attempts: Arc<Mutex<Vec<ClientOp>>>,
         ) {
             let mut script = script.into_iter();
@@ -698,7 +766,14 @@ mod tests {
                     }),
                     Request::Client { op, .. } => {
                         attempts.lock().unwrap().push(op);
-                        Response::Client(script.next().unwrap_or(ClientReply::Unavailable))
+                        let reply = script.next().unwrap_or(ClientReply::Unavailable);
+                        tokio::spawn(async move {
+                            tokio::time::sleep(delay).await;
+                            // The client may have given up and closed the connection.
+                            let _ = responder
+                                .respond(Bytes::from(wire::encode(&Response::Client(reply))));
+                        });
+                        continue;
                     }
                     other => panic!("unexpected request {other:?}"),
                 };
@@ -791,6 +866,49 @@ mod tests {
                 ..Retries::default()
             }
         );
+    }
+
+    /// A write whose leader answers slowly, 2.5 attempt timeouts late, is waited for while
+    /// that leader answers other requests (it is alive): its definite answer counts, and it is
+    /// sent once. With nothing else answered, the same write is given up after one attempt
+    /// timeout and reported indeterminate, as a dead leader's would be.
+    #[tokio::test]
+    async fn a_slow_leader_that_answers_others_is_waited_for() {
+        for others_answered in [true, false] {
+            let leader = ScriptedLeader::answering_after(
+                Duration::from_millis(2_500),
+                vec![ClientReply::Ok { value: None }],
+            );
+            let client = leader.client();
+            let deadline = Instant::now() + Duration::from_secs(10);
+            let pings = others_answered.then(|| {
+                let client = client.clone();
+                tokio::spawn(async move {
+                    let ping = Request::ShardFor { key: Vec::new() };
+                    loop {
+                        let _ = client.ask_seed(&ping, deadline).await;
+                        tokio::time::sleep(Duration::from_millis(100)).await;
+                    }
+                })
+            });
+            let started = Instant::now();
+            let mut retries = Retries::default();
+            let outcome = client.execute_counted(put(), deadline, &mut retries).await;
+            let took = started.elapsed();
+            if let Some(pings) = pings {
+                pings.abort();
+                assert!(outcome.is_ok(), "answering leader: {outcome:?}");
+                assert!(took >= Duration::from_millis(2_500), "{took:?}");
+            } else {
+                assert!(
+                    matches!(outcome, Err(KvError::Indeterminate { .. })),
+                    "silent leader: {outcome:?}"
+                );
+                assert!(took < Duration::from_millis(2_000), "{took:?}");
+            }
+            assert_eq!(leader.attempts(), 1, "others answered: {others_answered}");
+            assert_eq!(retries.total(), 0);
+        }
     }
 
     /// Each attempt's request says the route it is sent with, whichever was encoded first.

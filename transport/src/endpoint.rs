@@ -594,6 +594,25 @@ impl Endpoint {
         }
     }
 
+    /// Makes sure a connection to `to` is ready (cached), within `timeout`: the cached one, or
+    /// a new one. `expected` as for [`Self::request`]. A caller that then waits long for an
+    /// answer learns first, and soon, whether the peer can be reached at all; a failure here
+    /// means nothing was sent.
+    pub async fn connect(
+        &self,
+        to: SocketAddr,
+        expected: Option<&NodeId>,
+        timeout: Duration,
+    ) -> Result<(), RequestError> {
+        match tokio::time::timeout(timeout, self.connection(to, expected)).await {
+            Ok(conn) => conn.map(drop),
+            Err(_) => Err(RequestError::Connect {
+                addr: to,
+                reason: format!("no connection within {timeout:?}"),
+            }),
+        }
+    }
+
     /// Sends one request to `to` and returns its response, all within `timeout`.
     ///
     /// Uses the cached connection to `to`, or makes one (and caches it). `expected` is the
