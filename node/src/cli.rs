@@ -597,9 +597,24 @@ pub(crate) async fn check(query: &QueryArgs) -> Result<ExitCode> {
             shards - view.shards_under_replicated
         ),
     ));
+    // Every live node is asked at once (a node's pages one after another): the answers take
+    // as long as the slowest node, not the sum over the nodes.
+    let mut asked = tokio::task::JoinSet::new();
+    for (index, node) in live.iter().enumerate() {
+        let (endpoint, addr, timeout) = (endpoint.clone(), node.member.addr, query.timeout());
+        asked.spawn(async move {
+            let status = ask_within(&endpoint, addr, &Request::Status, timeout).await;
+            (index, status, node_digests(&endpoint, addr, timeout).await)
+        });
+    }
+    let mut answers = Vec::with_capacity(live.len());
+    while let Some(answer) = asked.join_next().await {
+        answers.push(answer.context("a check task failed")?);
+    }
+    answers.sort_by_key(|(index, _, _)| *index);
     let mut agree = 0;
-    for node in &live {
-        match ask(&endpoint, node.member.addr, &Request::Status, query).await {
+    for (node, (_, status, _)) in live.iter().zip(&answers) {
+        match status {
             Ok(Response::Status(theirs)) if theirs.digest == view.digest => agree += 1,
             Ok(Response::Status(theirs)) => checks.push((
                 false,
@@ -631,49 +646,20 @@ pub(crate) async fn check(query: &QueryArgs) -> Result<ExitCode> {
     // Per shard: whether a live node leads it with an established ballot, and whether a
     // leader reports its voters at placement's replica set.
     let mut led: BTreeMap<u16, bool> = BTreeMap::new();
-    for node in &live {
-        // A page at a time, so that no answer holds the node's loop for long.
-        let mut after = None;
-        loop {
-            let request = Request::ShardDigests { after };
-            match ask(&endpoint, node.member.addr, &request, query).await {
-                Ok(Response::ShardDigests { digests, next }) => {
-                    for digest in digests {
-                        if let DigestRole::Leader { at_target } = digest.role {
-                            *led.entry(digest.shard).or_default() |= at_target;
-                        }
-                        replicas.entry(digest.shard).or_default().push((
-                            node.member.id.to_string(),
-                            digest.applied,
-                            digest.checksum,
-                        ));
-                    }
-                    match next {
-                        Some(next) if after.is_none_or(|after| next > after) => {
-                            after = Some(next);
-                        }
-                        Some(_) => {
-                            checks.push((
-                                false,
-                                format!("{} paged its digests backwards", node.member.id),
-                            ));
-                            break;
-                        }
-                        None => break,
-                    }
-                }
-                Ok(_) => {
-                    checks.push((false, format!("{} answered digests oddly", node.member.id)));
-                    break;
-                }
-                Err(error) => {
-                    checks.push((
-                        false,
-                        format!("{} gave no shard digests: {error:#}", node.member.id),
-                    ));
-                    break;
-                }
+    for (node, (_, _, digests)) in live.iter().zip(answers) {
+        let (digests, failure) = digests;
+        if let Some(failure) = failure {
+            checks.push((false, format!("{} {failure}", node.member.id)));
+        }
+        for digest in digests {
+            if let DigestRole::Leader { at_target } = digest.role {
+                *led.entry(digest.shard).or_default() |= at_target;
             }
+            replicas.entry(digest.shard).or_default().push((
+                node.member.id.to_string(),
+                digest.applied,
+                digest.checksum,
+            ));
         }
     }
     // What the replicas say, not what placement wants: a shard nobody leads yet (a new
@@ -746,6 +732,33 @@ pub(crate) async fn check(query: &QueryArgs) -> Result<ExitCode> {
     } else {
         ExitCode::FAILURE
     })
+}
+
+/// Every shard digest the node at `addr` reports, a page at a time (so that no answer holds its
+/// loop for long), and what went wrong if the paging stopped early ("gave no shard digests:
+/// ...", after which the digests already received are still returned).
+async fn node_digests(
+    endpoint: &Endpoint,
+    addr: SocketAddr,
+    timeout: std::time::Duration,
+) -> (Vec<wire::ShardDigest>, Option<String>) {
+    let mut all = Vec::new();
+    let mut after = None;
+    loop {
+        let request = Request::ShardDigests { after };
+        match ask_within(endpoint, addr, &request, timeout).await {
+            Ok(Response::ShardDigests { digests, next }) => {
+                all.extend(digests);
+                match next {
+                    Some(next) if after.is_none_or(|after| next > after) => after = Some(next),
+                    Some(_) => return (all, Some("paged its digests backwards".to_owned())),
+                    None => return (all, None),
+                }
+            }
+            Ok(_) => return (all, Some("answered digests oddly".to_owned())),
+            Err(error) => return (all, Some(format!("gave no shard digests: {error:#}"))),
+        }
+    }
 }
 
 /// `node put|get|del KEY [VALUE]`: one operation through the client library, retried within
