@@ -721,6 +721,14 @@ impl NodeLoop {
                     let batch = durable.context("committing a group of shard changes")?;
                     let now = self.now();
                     self.core.handle_persisted(now, batch);
+                    // The others of the same flush, in this turn.
+                    while let Some(batch) = self
+                        .store
+                        .try_durable()
+                        .context("committing a group of shard changes")?
+                    {
+                        self.core.handle_persisted(now, batch);
+                    }
                 }
                 Some(message) = inbound.recv() => {
                     turn = Some((Instant::now(), "inbound"));

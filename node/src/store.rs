@@ -35,7 +35,11 @@
 //! [`Store::fold`] first for the latest. A [`SnapshotReader`] thread holds the views of snapshot
 //! transfers ([`views`]).
 //!
-//! What it does not do: merge batches (the host has at most one outstanding), retry a failed
+//! The log thread writes every group commit submitted while a flush runs as its own record,
+//! then flushes them together: the next `fdatasync` starts as soon as one ends, without a
+//! round trip through the event loop.
+//!
+//! What it does not do: merge group commits into one record, retry a failed
 //! commit or fold (after a failed fsync the disk's state is unknown: the node aborts, R0),
 //! shrink the file, or lock the data dir (the data dir's lock does; redb also refuses a second
 //! open of the same file).
@@ -371,7 +375,27 @@ impl Store {
 
 /// Appends `persist` to `wal` as one durable record; returns its sequence number, its changes
 /// (for the fold: moved, not copied) and the record's payload size.
-fn append_batch(wal: &mut Wal, persist: HostPersist) -> Result<(u64, WalBatch, usize)> {
+#[cfg(test)]
+fn append_batch(wal: &mut Wal, persist: HostPersist) -> Result<Committed> {
+    let committed = append_unsynced(wal, persist)?;
+    wal.sync()?;
+    Ok(committed)
+}
+
+/// Appends each group commit as its own record, then makes them all durable with one
+/// `fdatasync`; returns each one's id and what the fold needs of it, in order.
+fn append_group(wal: &mut Wal, group: Vec<HostPersist>) -> Result<Vec<(HostBatchId, Committed)>> {
+    let mut committed = Vec::with_capacity(group.len());
+    for persist in group {
+        let id = persist.batch;
+        committed.push((id, append_unsynced(wal, persist)?));
+    }
+    wal.sync()?;
+    Ok(committed)
+}
+
+/// Appends one group commit's record without flushing it.
+fn append_unsynced(wal: &mut Wal, persist: HostPersist) -> Result<Committed> {
     let id = persist.batch.0;
     let batch: WalBatch = persist
         .shards
@@ -379,7 +403,7 @@ fn append_batch(wal: &mut Wal, persist: HostPersist) -> Result<(u64, WalBatch, u
         .map(|(shard, shard_persist)| (shard, shard_persist.changes))
         .collect();
     let (seq, bytes) = wal
-        .append_with(|record| encode_onto(&batch, record))
+        .append_unsynced_with(|record| encode_onto(&batch, record))
         .with_context(|| format!("committing batch {id}"))?;
     Ok((seq, batch, bytes))
 }
@@ -958,6 +982,11 @@ fn kv_range(shard: u16) -> (KvBound, KvBound) {
 /// A committed batch on its way to the fold thread: sequence number, changes, record bytes.
 type Committed = (u64, WalBatch, usize);
 
+/// The most group commits one `fdatasync` of the log thread covers; more wait for the next.
+/// The event loop keeps at most [`cluster::replica::MAX_COMMITS_IN_FLIGHT`] outstanding, so
+/// this only bounds a flush if that grows.
+const MAX_COMMITS_PER_FLUSH: usize = 64;
+
 /// What the log thread is asked to do.
 #[derive(Debug)]
 enum LogWork {
@@ -1118,12 +1147,15 @@ impl StoreWorker {
             .spawn(move || {
                 let mut pending = PendingFold::new(policy);
                 let mut slow_commits = SlowCommits::default();
+                // Work taken off the channel while gathering a group, handled next.
+                let mut deferred: Option<LogWork> = None;
                 loop {
-                    let received = match pending.due {
-                        None => batches
+                    let received = match (deferred.take(), pending.due) {
+                        (Some(work), _) => Ok(work),
+                        (None, None) => batches
                             .recv()
                             .map_err(|_| mpsc::RecvTimeoutError::Disconnected),
-                        Some(due) => batches
+                        (None, Some(due)) => batches
                             .recv_timeout(due.saturating_duration_since(std::time::Instant::now())),
                     };
                     let persist = match received {
@@ -1150,21 +1182,43 @@ impl StoreWorker {
                             break;
                         }
                     };
-                    let batch = persist.batch;
+                    // Every group commit queued behind this one (submitted while the last
+                    // flush ran) joins its flush: the next flush starts at once, without a
+                    // round trip through the event loop.
+                    let mut group = vec![persist];
+                    while group.len() < MAX_COMMITS_PER_FLUSH {
+                        match batches.try_recv() {
+                            Ok(LogWork::Commit(persist)) => group.push(persist),
+                            Ok(other) => {
+                                deferred = Some(other);
+                                break;
+                            }
+                            Err(_) => break,
+                        }
+                    }
                     let started = std::time::Instant::now();
-                    let committed = match append_batch(&mut wal, persist) {
+                    let committed = match append_group(&mut wal, group) {
                         Ok(committed) => committed,
                         Err(error) => {
                             let _ = report.send(Err(error));
                             break;
                         }
                     };
-                    slow_commits.note(started.elapsed(), committed.2);
-                    // Durable: the batch's messages may leave while it waits to be folded.
-                    if report.send(Ok(batch)).is_err() {
-                        break;
+                    let bytes = committed.iter().map(|(_, (_, _, bytes))| bytes).sum();
+                    slow_commits.note(started.elapsed(), bytes);
+                    let mut stopped = false;
+                    for (batch, committed) in committed {
+                        // Durable: the batch's messages may leave while it waits to be folded.
+                        if report.send(Ok(batch)).is_err() {
+                            stopped = true;
+                            break;
+                        }
+                        if pending.push(committed) && to_fold.send(pending.take()).is_err() {
+                            stopped = true;
+                            break;
+                        }
                     }
-                    if pending.push(committed) && to_fold.send(pending.take()).is_err() {
+                    if stopped {
                         break;
                     }
                     let next_unfolded = folded.load(std::sync::atomic::Ordering::Acquire);
@@ -1247,6 +1301,26 @@ impl StoreHandle {
                 Err(error)
             }
             None => {
+                self.stopped = true;
+                Err(anyhow!("the store thread has stopped"))
+            }
+        }
+    }
+
+    /// The next batch already reported durable, if any, without waiting (the log thread
+    /// reports a flush of several commits at once); errors as [`durable`](Self::durable).
+    pub(crate) fn try_durable(&mut self) -> Result<Option<HostBatchId>> {
+        if self.stopped {
+            return Err(anyhow!("the store thread has stopped"));
+        }
+        match self.durable.try_recv() {
+            Ok(Ok(batch)) => Ok(Some(batch)),
+            Ok(Err(error)) => {
+                self.stopped = true;
+                Err(error)
+            }
+            Err(tokio_mpsc::error::TryRecvError::Empty) => Ok(None),
+            Err(tokio_mpsc::error::TryRecvError::Disconnected) => {
                 self.stopped = true;
                 Err(anyhow!("the store thread has stopped"))
             }

@@ -18,6 +18,12 @@ use super::{
 /// message travels alone): half the transport's 4 MiB frame, leaving room for the rest.
 pub const FRAME_BUDGET: usize = 2 << 20;
 
+/// The most group commits a host has outstanding. The shell may write the later ones while
+/// the disk flushes the first, and flush them together: a commit submitted during a flush
+/// then starts its own as soon as that one ends, without waiting for the event loop to hear
+/// of the first and poll again. Beyond this, changes gather in the open batch.
+pub const MAX_COMMITS_IN_FLIGHT: usize = 32;
+
 /// The bulk of a message's encoding: its keys and values, plus a small fixed part.
 fn payload_bytes(message: &Message) -> usize {
     const FIXED: usize = 64;
@@ -49,7 +55,8 @@ fn payload_bytes(message: &Message) -> usize {
 pub struct HostBatchId(pub u64);
 
 /// One group commit: every shard's changes since the previous one. Make it durable in one
-/// transaction, then call [`ShardHost::handle_persisted`].
+/// transaction, after every batch polled before it (or with them), then call
+/// [`ShardHost::handle_persisted`], in the order polled.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct HostPersist {
     /// The batch.
@@ -100,9 +107,10 @@ pub enum MoveChange {
 
 /// Every replica on one node.
 ///
-/// Same contract as [`ShardReplica`]: `handle_*(now, ...)` inputs, polled outputs, no IO. At
-/// most one [`HostPersist`] is outstanding: while the disk works, new changes gather into the
-/// next batch (group commit), and messages that depend on them wait.
+/// Same contract as [`ShardReplica`]: `handle_*(now, ...)` inputs, polled outputs, no IO.
+/// Changes gather into the next [`HostPersist`] (group commit) until it is polled; up to
+/// [`MAX_COMMITS_IN_FLIGHT`] are outstanding at once, made durable in order, and messages
+/// that depend on one wait for it.
 #[derive(Debug, Clone)]
 pub struct ShardHost {
     me: Member,
@@ -112,8 +120,8 @@ pub struct ShardHost {
     deadlines: ShardDeadlines,
     open: Vec<(u16, Persist)>,
     next_batch: u64,
-    in_flight: Option<HostBatchId>,
-    in_flight_items: Vec<(u16, BatchId)>,
+    /// The outstanding group commits, oldest first, each with the replica batches it holds.
+    in_flight: VecDeque<(HostBatchId, Vec<(u16, BatchId)>)>,
     batch_of: BTreeMap<(u16, BatchId), HostBatchId>,
     persisted_through: Option<HostBatchId>,
     waiting: VecDeque<(Option<HostBatchId>, NodeId, u16, Member, Message)>,
@@ -171,8 +179,7 @@ impl ShardHost {
             deadlines: ShardDeadlines::new(),
             open: Vec::new(),
             next_batch: 0,
-            in_flight: None,
-            in_flight_items: Vec::new(),
+            in_flight: VecDeque::new(),
             batch_of: BTreeMap::new(),
             persisted_through: None,
             waiting: VecDeque::new(),
@@ -436,14 +443,21 @@ impl ShardHost {
         self.drain(now, shard);
     }
 
-    /// The outstanding [`HostPersist`] is durable.
+    /// The oldest outstanding [`HostPersist`] is durable (any other `batch` is ignored:
+    /// batches become durable in the order polled).
     pub fn handle_persisted(&mut self, now: Duration, batch: HostBatchId) {
-        if self.in_flight != Some(batch) {
+        if self
+            .in_flight
+            .front()
+            .is_none_or(|(oldest, _)| *oldest != batch)
+        {
             return;
         }
-        self.in_flight = None;
+        let Some((_, items)) = self.in_flight.pop_front() else {
+            return;
+        };
         self.persisted_through = Some(batch);
-        for (shard, replica_batch) in std::mem::take(&mut self.in_flight_items) {
+        for (shard, replica_batch) in items {
             self.batch_of.remove(&(shard, replica_batch));
             if let Some(replica) = self.replicas.get_mut(shard) {
                 replica.handle_persisted(now, replica_batch);
@@ -473,19 +487,20 @@ impl ShardHost {
         self.release_queued_targets(now);
     }
 
-    /// The next group commit, if none is outstanding and there is something to write.
+    /// The next group commit, if there is something to write and fewer than
+    /// [`MAX_COMMITS_IN_FLIGHT`] are outstanding.
     pub fn poll_persist(&mut self) -> Option<HostPersist> {
-        if self.in_flight.is_some() || self.open.is_empty() {
+        if self.in_flight.len() >= MAX_COMMITS_IN_FLIGHT || self.open.is_empty() {
             return None;
         }
         let batch = HostBatchId(self.next_batch);
         self.next_batch += 1;
         let shards = std::mem::take(&mut self.open);
-        self.in_flight = Some(batch);
-        self.in_flight_items = shards
+        let items = shards
             .iter()
             .map(|(shard, persist)| (*shard, persist.batch))
             .collect();
+        self.in_flight.push_back((batch, items));
         for (shard, persist) in &shards {
             self.batch_of.insert((*shard, persist.batch), batch);
         }

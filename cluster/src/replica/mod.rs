@@ -24,7 +24,9 @@ use core::time::Duration;
 
 use topology::NodeId;
 
-pub use self::host::{FRAME_BUDGET, HostBatchId, HostPersist, MoveChange, PeerBatch, ShardHost};
+pub use self::host::{
+    FRAME_BUDGET, HostBatchId, HostPersist, MAX_COMMITS_IN_FLIGHT, MoveChange, PeerBatch, ShardHost,
+};
 pub use self::snapshot::{MemoryViews, Pairs, SnapshotRead, SnapshotReadReply, ViewId};
 pub use self::types::{
     Ballot, ClientOp, ClientReply, ClientRoute, Config, Entry, Member, Message, NackReason, Op,

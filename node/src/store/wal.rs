@@ -82,6 +82,10 @@ pub(crate) struct Wal {
     /// a group commit's size per append came from new pages each time (the kernel zeroing
     /// transparent huge pages was a third of this thread's CPU under load).
     record: Vec<u8>,
+    /// Records written to `file` since its last `fdatasync` ([`append_unsynced_with`]).
+    ///
+    /// [`append_unsynced_with`]: Wal::append_unsynced_with
+    unsynced: bool,
 }
 
 impl Wal {
@@ -140,6 +144,7 @@ impl Wal {
             spares,
             next_seq,
             record: Vec::new(),
+            unsynced: false,
         };
         wal.release(next_unfolded)?;
         Ok((wal, records))
@@ -162,12 +167,30 @@ impl Wal {
         .map(|(seq, _)| seq)
     }
 
-    /// Appends the payload `encode` writes at the end of the buffer it is given (which holds
-    /// the record's head; `encode` must only append) as the next record, and makes it durable;
-    /// returns its sequence number and the payload's length. The buffer is the log's own,
-    /// reused from one append to the next. After an error the log's tail is unknown: the node
-    /// must stop (R0).
+    /// Appends a record and makes it durable (tests: [`append_unsynced_with`] then
+    /// [`sync`]).
+    ///
+    /// [`append_unsynced_with`]: Self::append_unsynced_with
+    /// [`sync`]: Self::sync
+    #[cfg(test)]
     pub(crate) fn append_with(
+        &mut self,
+        encode: impl FnOnce(&mut Vec<u8>) -> Result<()>,
+    ) -> Result<(u64, usize)> {
+        let appended = self.append_unsynced_with(encode)?;
+        self.sync()?;
+        Ok(appended)
+    }
+
+    /// Appends the payload `encode` writes at the end of the buffer it is given (which holds
+    /// the record's head; `encode` must only append) as the next record; returns its sequence
+    /// number and the payload's length. The buffer is the log's own, reused from one append
+    /// to the next. The record is durable only after the next [`sync`](Self::sync), which
+    /// covers every record appended since the last one (several group commits, one flush). A
+    /// crash before it may keep any prefix of them, but never one after a lost one: reading
+    /// stops at the first record that is missing or torn. After an error the log's tail is
+    /// unknown: the node must stop (R0).
+    pub(crate) fn append_unsynced_with(
         &mut self,
         encode: impl FnOnce(&mut Vec<u8>) -> Result<()>,
     ) -> Result<(u64, usize)> {
@@ -183,7 +206,24 @@ impl Wal {
         written
     }
 
-    /// Fills in the head of `record` (its payload follows the head) and appends it.
+    /// Makes every record appended so far durable (one `fdatasync`, none if there is
+    /// nothing new). After an error the log's tail is unknown: the node must stop (R0).
+    pub(crate) fn sync(&mut self) -> Result<()> {
+        if !self.unsynced {
+            return Ok(());
+        }
+        self.file.sync_data().with_context(|| {
+            format!(
+                "flushing the write-ahead log {} (the node must stop)",
+                self.dir.display()
+            )
+        })?;
+        self.unsynced = false;
+        Ok(())
+    }
+
+    /// Fills in the head of `record` (its payload follows the head) and writes it after the
+    /// last record, unsynced.
     fn write_record(&mut self, record: &mut [u8]) -> Result<(u64, usize)> {
         let Some(payload_len) = record.len().checked_sub(RECORD_HEAD_BYTES) else {
             bail!("a write-ahead record lost its head while being encoded");
@@ -195,6 +235,9 @@ impl Wal {
             );
         }
         if self.file_len >= SEGMENT_BYTES {
+            // The full segment's unsynced records first: the next sync covers only the new
+            // segment's file.
+            self.sync()?;
             let spare = self.spares.pop();
             let (file, file_size, path) =
                 start_segment(&self.dir, self.storage, self.next_seq, spare)?;
@@ -213,15 +256,13 @@ impl Wal {
         if end > self.file_size {
             self.zero_fill_to(end)?;
         }
-        self.file
-            .write_all(record)
-            .and_then(|()| self.file.sync_data())
-            .with_context(|| {
-                format!(
-                    "appending record {seq} to the write-ahead log {} (the node must stop)",
-                    self.dir.display()
-                )
-            })?;
+        self.unsynced = true;
+        self.file.write_all(record).with_context(|| {
+            format!(
+                "appending record {seq} to the write-ahead log {} (the node must stop)",
+                self.dir.display()
+            )
+        })?;
         self.file_len += record.len() as u64;
         self.next_seq += 1;
         Ok((seq, payload_len))
@@ -242,6 +283,8 @@ impl Wal {
                     self.dir.display()
                 )
             })?;
+        // That flush covered the records written before it too.
+        self.unsynced = false;
         self.file_size = to;
         Ok(())
     }
@@ -528,6 +571,41 @@ mod tests {
             vec![(0, b"one".to_vec()), (1, long), (2, b"three".to_vec())]
         );
         assert_eq!(wal.append(b"four").unwrap(), 3);
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[test]
+    fn records_appended_unsynced_are_flushed_together_even_across_segments() {
+        let dir = temp_dir("group");
+        let (mut wal, _) = Wal::open(&dir, STORE, 0).unwrap();
+        let push = |wal: &mut Wal, payload: &[u8]| {
+            wal.append_unsynced_with(|record| {
+                record.extend_from_slice(payload);
+                Ok(())
+            })
+            .unwrap()
+        };
+        wal.sync().unwrap(); // Nothing to flush.
+        assert_eq!(push(&mut wal, b"one"), (0, 3));
+        assert_eq!(push(&mut wal, b"two"), (1, 3));
+        assert!(wal.unsynced);
+        wal.sync().unwrap();
+        assert!(!wal.unsynced);
+        // A group that fills the segment: the full one is flushed before the next starts,
+        // so the group's last flush, of the new segment only, leaves nothing behind.
+        let big = vec![9u8; (SEGMENT_BYTES / 2) as usize];
+        push(&mut wal, &big);
+        push(&mut wal, &big);
+        assert_eq!(wal.segments.len(), 1);
+        push(&mut wal, b"three");
+        assert_eq!(wal.segments.len(), 2);
+        wal.sync().unwrap();
+        assert!(!wal.unsynced);
+        drop(wal);
+        let (_, records) = Wal::open(&dir, STORE, 0).unwrap();
+        let seqs: Vec<u64> = records.iter().map(|(seq, _)| *seq).collect();
+        assert_eq!(seqs, vec![0, 1, 2, 3, 4]);
+        assert_eq!(records[4].1, b"three".to_vec());
         let _ = std::fs::remove_dir_all(&dir);
     }
 
