@@ -22,15 +22,15 @@
 //!
 //! After a leader dies: a node that did not answer is *silent* for [`SILENT_FOR`]: no connection
 //! could be made to it, or a request to it timed out and it answered no request in the attempt
-//! timeout before (a node that answers others is alive, only slow with this one). The
-//! connection to a node that timed out that way is closed, so the next request makes a new one
-//! and fails as "not sent" rather than timing out again; a slow node's connection is kept,
-//! because closing it would fail every other request in flight on it. The surviving replicas keep naming a dead leader until they elect
-//! another, so while a node is silent the client does not send to it: it asks the shard's other
-//! replicas in turn (from the seed's `shard-info`: replicas and target), [`FAILOVER_POLL`]
-//! apart, and follows the first one that names a live leader or leads itself. Meanwhile a
-//! liveness check (a `shard-for` of the empty key) is kept going to the silent node in the
-//! background: a node that was only stalled is heard again as soon as it answers, one that is
+//! timeout before (a node that answers others is alive, only slow with this one). The connection to
+//! a node that timed out that way is closed, so the next request makes a new one and fails as "not
+//! sent" rather than timing out again; a slow node's connection is kept, because closing it would
+//! fail every other request in flight on it. The surviving replicas keep naming a dead leader until
+//! they elect another, so while a node is silent the client does not send to it: it asks the
+//! shard's other replicas in turn (from the seed's `shard-info`: replicas and target),
+//! [`FAILOVER_POLL`] apart, and follows the first one that names a live leader or leads itself.
+//! Meanwhile a liveness check (a `shard-for` of the empty key) is kept going to the silent node in
+//! the background: a node that was only stalled is heard again as soon as it answers, one that is
 //! dead stays silent.
 //!
 //! Clones share one routing cache (node addresses, the last leader seen for each shard, and,

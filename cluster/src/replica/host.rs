@@ -446,11 +446,7 @@ impl ShardHost {
     /// The oldest outstanding [`HostPersist`] is durable (any other `batch` is ignored:
     /// batches become durable in the order polled).
     pub fn handle_persisted(&mut self, now: Duration, batch: HostBatchId) {
-        if self
-            .in_flight
-            .front()
-            .is_none_or(|(oldest, _)| *oldest != batch)
-        {
+        if self.in_flight.front().map(|(oldest, _)| *oldest) != Some(batch) {
             return;
         }
         let Some((_, items)) = self.in_flight.pop_front() else {

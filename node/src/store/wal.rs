@@ -82,10 +82,13 @@ pub(crate) struct Wal {
     /// a group commit's size per append came from new pages each time (the kernel zeroing
     /// transparent huge pages was a third of this thread's CPU under load).
     record: Vec<u8>,
-    /// Records written to `file` since its last `fdatasync` ([`append_unsynced_with`]).
+    /// Every record before this sequence number is durable (flushed by [`sync`]); those from
+    /// here to `next_seq` were written by [`append_unsynced_with`] and wait for the next one.
+    ///
+    /// [`sync`]: Wal::sync
     ///
     /// [`append_unsynced_with`]: Wal::append_unsynced_with
-    unsynced: bool,
+    flushed_to: u64,
 }
 
 impl Wal {
@@ -144,7 +147,7 @@ impl Wal {
             spares,
             next_seq,
             record: Vec::new(),
-            unsynced: false,
+            flushed_to: next_seq,
         };
         wal.release(next_unfolded)?;
         Ok((wal, records))
@@ -209,7 +212,7 @@ impl Wal {
     /// Makes every record appended so far durable (one `fdatasync`, none if there is
     /// nothing new). After an error the log's tail is unknown: the node must stop (R0).
     pub(crate) fn sync(&mut self) -> Result<()> {
-        if !self.unsynced {
+        if self.flushed_to == self.next_seq {
             return Ok(());
         }
         self.file.sync_data().with_context(|| {
@@ -218,7 +221,7 @@ impl Wal {
                 self.dir.display()
             )
         })?;
-        self.unsynced = false;
+        self.flushed_to = self.next_seq;
         Ok(())
     }
 
@@ -256,7 +259,6 @@ impl Wal {
         if end > self.file_size {
             self.zero_fill_to(end)?;
         }
-        self.unsynced = true;
         self.file.write_all(record).with_context(|| {
             format!(
                 "appending record {seq} to the write-ahead log {} (the node must stop)",
@@ -283,8 +285,6 @@ impl Wal {
                     self.dir.display()
                 )
             })?;
-        // That flush covered the records written before it too.
-        self.unsynced = false;
         self.file_size = to;
         Ok(())
     }
@@ -588,19 +588,24 @@ mod tests {
         wal.sync().unwrap(); // Nothing to flush.
         assert_eq!(push(&mut wal, b"one"), (0, 3));
         assert_eq!(push(&mut wal, b"two"), (1, 3));
-        assert!(wal.unsynced);
+        assert_eq!(wal.flushed_to, 0, "appended, not flushed");
         wal.sync().unwrap();
-        assert!(!wal.unsynced);
-        // A group that fills the segment: the full one is flushed before the next starts,
-        // so the group's last flush, of the new segment only, leaves nothing behind.
+        assert_eq!(wal.flushed_to, 2);
+        // A group that fills the segment: the full one is flushed before the next starts
+        // (the group's last flush covers only the new segment's file).
         let big = vec![9u8; (SEGMENT_BYTES / 2) as usize];
         push(&mut wal, &big);
         push(&mut wal, &big);
         assert_eq!(wal.segments.len(), 1);
+        assert_eq!(wal.flushed_to, 2);
         push(&mut wal, b"three");
         assert_eq!(wal.segments.len(), 2);
+        assert_eq!(
+            wal.flushed_to, 4,
+            "the full segment was flushed before the switch"
+        );
         wal.sync().unwrap();
-        assert!(!wal.unsynced);
+        assert_eq!(wal.flushed_to, 5);
         drop(wal);
         let (_, records) = Wal::open(&dir, STORE, 0).unwrap();
         let seqs: Vec<u64> = records.iter().map(|(seq, _)| *seq).collect();
