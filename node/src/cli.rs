@@ -613,6 +613,10 @@ pub(crate) async fn check(query: &QueryArgs) -> Result<ExitCode> {
     }
     answers.sort_by_key(|(index, _, _)| *index);
     let mut agree = 0;
+    let moving_check = moves_pending(answers.iter().flat_map(|(_, status, _)| match status {
+        Ok(Response::Status(theirs)) => theirs.moving.as_slice(),
+        _ => &[],
+    }));
     for (node, (_, status, _)) in live.iter().zip(&answers) {
         match status {
             Ok(Response::Status(theirs)) if theirs.digest == view.digest => agree += 1,
@@ -678,6 +682,7 @@ pub(crate) async fn check(query: &QueryArgs) -> Result<ExitCode> {
         settled == shards as usize,
         format!("{settled} of {shards} shards have their leader's voters at placement's target"),
     ));
+    checks.push(moving_check);
     let (mut compared, mut mismatched) = (0, Vec::new());
     for (shard, copies) in &replicas {
         for (i, (a, applied_a, sum_a)) in copies.iter().enumerate() {
@@ -732,6 +737,28 @@ pub(crate) async fn check(query: &QueryArgs) -> Result<ExitCode> {
     } else {
         ExitCode::FAILURE
     })
+}
+
+/// `node check`'s line on moves, from the moves every live leader lists (`Status::moving`):
+/// shards with members joining or leaving, and shards only waiting to pass leadership to
+/// placement's leader. A cluster is settled only once both are 0: a handoff leaves its
+/// shard without an elected leader for a moment.
+fn moves_pending<'a>(moving: impl IntoIterator<Item = &'a MoveView>) -> (bool, String) {
+    let (mut copying, mut handing_off) = (0usize, 0usize);
+    for one in moving {
+        if one.joining.is_empty() && one.leaving.is_empty() {
+            handing_off += 1;
+        } else {
+            copying += 1;
+        }
+    }
+    (
+        copying == 0 && handing_off == 0,
+        format!(
+            "{copying} shards are moving and {handing_off} are passing leadership to \
+             placement's leader"
+        ),
+    )
 }
 
 /// Every shard digest the node at `addr` reports, a page at a time (so that no answer holds its
@@ -806,5 +833,38 @@ pub(crate) async fn key_op(op: cluster::replica::ClientOp, query: &QueryArgs) ->
             eprintln!("error: {error}");
             Ok(ExitCode::FAILURE)
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use topology::NodeId;
+
+    fn moving(shard: u16, joining: &[&str], handoff_to: Option<&str>) -> MoveView {
+        MoveView {
+            shard,
+            leader: NodeId::new("n0").unwrap(),
+            joining: joining.iter().map(|id| (*id).to_owned()).collect(),
+            leaving: Vec::new(),
+            lag: None,
+            copied: None,
+            handoff_to: handoff_to.map(str::to_owned),
+        }
+    }
+
+    #[test]
+    fn a_check_is_not_settled_while_a_leadership_is_still_to_pass() {
+        let (ok, line) = moves_pending(&[]);
+        assert!(ok, "{line}");
+        let (ok, line) = moves_pending(&[moving(3, &[], Some("n2"))]);
+        assert!(!ok, "a pending handoff must fail the check: {line}");
+        assert_eq!(
+            line,
+            "0 shards are moving and 1 are passing leadership to placement's leader"
+        );
+        let (ok, line) = moves_pending(&[moving(3, &["n3"], Some("n3")), moving(4, &[], None)]);
+        assert!(!ok, "{line}");
+        assert!(line.starts_with("1 shards are moving and 1 are"), "{line}");
     }
 }
