@@ -89,10 +89,23 @@ pub(crate) mod node_id_serde {
         serializer.serialize_str(id.as_str())
     }
 
+    /// Parses the name in place (no copy of it first), so that a name [`NodeId::new`] made
+    /// recently costs no allocation at all.
     pub(crate) fn deserialize<'de, D: Deserializer<'de>>(
         deserializer: D,
     ) -> Result<NodeId, D::Error> {
-        let text = String::deserialize(deserializer)?;
-        NodeId::new(&text).map_err(serde::de::Error::custom)
+        struct Name;
+        impl serde::de::Visitor<'_> for Name {
+            type Value = NodeId;
+
+            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str("a node id")
+            }
+
+            fn visit_str<E: serde::de::Error>(self, name: &str) -> Result<NodeId, E> {
+                NodeId::new(name).map_err(E::custom)
+            }
+        }
+        deserializer.deserialize_str(Name)
     }
 }

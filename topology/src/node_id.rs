@@ -20,17 +20,78 @@ pub const MAX_NODE_ID_LEN: usize = 64;
 ///
 /// Names order bytewise; that order breaks ties between equal tokens. Cloning is cheap (a
 /// reference count).
-#[derive(Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+///
+/// [`NodeId::new`] hands out the same allocation for a name it made recently on the same
+/// thread (a small per-thread memo of [`RECENT_IDS`] names), so the ids parsed from a peer's
+/// every message, and compared at every ballot and member, are usually one pointer apart from
+/// the ones a node already holds: equality and ordering check that first. The memo changes no
+/// result, only how much an id costs to make and compare.
+#[derive(Clone)]
 pub struct NodeId(Arc<str>);
 
+/// How many names each thread's memo of [`NodeId::new`] keeps: a cluster's members are
+/// usually fewer. A name beyond them is made afresh (and replaces the oldest).
+const RECENT_IDS: usize = 64;
+
+thread_local! {
+    /// The ids [`NodeId::new`] made last on this thread, at most [`RECENT_IDS`], and where the
+    /// next one replaces an old one once full.
+    static RECENT: std::cell::RefCell<(Vec<NodeId>, usize)> =
+        const { std::cell::RefCell::new((Vec::new(), 0)) };
+}
+
+impl PartialEq for NodeId {
+    fn eq(&self, other: &Self) -> bool {
+        Arc::ptr_eq(&self.0, &other.0) || self.0 == other.0
+    }
+}
+
+impl Eq for NodeId {}
+
+impl std::hash::Hash for NodeId {
+    fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
+        self.0.hash(state);
+    }
+}
+
+impl PartialOrd for NodeId {
+    fn partial_cmp(&self, other: &Self) -> Option<std::cmp::Ordering> {
+        Some(self.cmp(other))
+    }
+}
+
+impl Ord for NodeId {
+    fn cmp(&self, other: &Self) -> std::cmp::Ordering {
+        if Arc::ptr_eq(&self.0, &other.0) {
+            return std::cmp::Ordering::Equal;
+        }
+        self.0.cmp(&other.0)
+    }
+}
+
 impl NodeId {
-    /// Validates `name` and makes it a `NodeId`.
+    /// Validates `name` and makes it a `NodeId`: the one made recently on this thread for
+    /// the same name if there is one (see the type's doc).
     pub fn new(name: &str) -> Result<Self, Error> {
+        if let Some(known) =
+            RECENT.with_borrow(|(recent, _)| recent.iter().find(|id| id.as_str() == name).cloned())
+        {
+            return Ok(known);
+        }
         validate(name).map_err(|problem| Error::InvalidNodeId {
             shown: shown(name),
             problem,
         })?;
-        Ok(NodeId(Arc::from(name)))
+        let id = NodeId(Arc::from(name));
+        RECENT.with_borrow_mut(|(recent, next)| {
+            if recent.len() < RECENT_IDS {
+                recent.push(id.clone());
+            } else {
+                recent[*next] = id.clone();
+                *next = (*next + 1) % RECENT_IDS;
+            }
+        });
+        Ok(id)
     }
 
     /// The name as a string slice.
@@ -109,11 +170,7 @@ impl TryFrom<String> for NodeId {
     type Error = Error;
 
     fn try_from(name: String) -> Result<Self, Error> {
-        validate(&name).map_err(|problem| Error::InvalidNodeId {
-            shown: shown(&name),
-            problem,
-        })?;
-        Ok(NodeId(Arc::from(name)))
+        NodeId::new(&name)
     }
 }
 
@@ -144,6 +201,31 @@ impl fmt::Debug for NodeId {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_name_made_again_is_the_same_allocation_and_compares_as_before() {
+        let a = NodeId::new("n-shared").unwrap();
+        let b = NodeId::new("n-shared").unwrap();
+        assert!(Arc::ptr_eq(&a.0, &b.0), "the memo hands out the recent id");
+        // Ids of equal names from different allocations still compare equal, and order by
+        // their bytes.
+        let apart = NodeId(Arc::from("n-shared"));
+        assert!(!Arc::ptr_eq(&a.0, &apart.0));
+        assert_eq!(a, apart);
+        assert_eq!(a.cmp(&apart), std::cmp::Ordering::Equal);
+        let later = NodeId::new("n-sharee").unwrap();
+        assert!(a < later && apart < later);
+        // More names than the memo keeps: each is still valid and equal to itself.
+        let many: Vec<NodeId> = (0..RECENT_IDS * 2)
+            .map(|i| NodeId::new(&format!("m{i}")).unwrap())
+            .collect();
+        for (i, id) in many.iter().enumerate() {
+            assert_eq!(id.as_str(), format!("m{i}"));
+            assert_eq!(*id, NodeId::new(&format!("m{i}")).unwrap());
+        }
+        // A bad name is refused even right after good ones.
+        assert!(NodeId::new("bad name").is_err());
+    }
 
     #[test]
     fn accepts_ordinary_and_unicode_names() {
