@@ -143,9 +143,10 @@ wait_ready() {
 }
 
 # Polls `node check` until it passes: every shard has an elected leader whose voters are
-# placement's target, every leadership has passed to placement's leader, and the replicas agree. A new cluster gets there within a second or two
-# of its members converging; data moving to added nodes can take longer than READY_SECONDS,
-# and then this only says so (`node rebalance --wait` follows the moves).
+# placement's target, every leadership has passed to placement's leader, and the replicas
+# agree. A new cluster gets there within a second or two of its members converging; data
+# moving to added nodes can take longer than READY_SECONDS, and then this only says so
+# (`node rebalance --wait` follows the moves).
 wait_settled() {
     local deadline=$((SECONDS + READY_SECONDS))
     until "$BIN" check -a "$(addr 0)" --certs-dir "$CERTS" >/dev/null 2>&1; do

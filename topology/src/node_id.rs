@@ -22,22 +22,26 @@ pub const MAX_NODE_ID_LEN: usize = 64;
 /// reference count).
 ///
 /// [`NodeId::new`] hands out the same allocation for a name it made recently on the same
-/// thread (a small per-thread memo of [`RECENT_IDS`] names), so the ids parsed from a peer's
+/// thread (a per-thread memo of up to [`RECENT_IDS`] names), so the ids parsed from a peer's
 /// every message, and compared at every ballot and member, are usually one pointer apart from
 /// the ones a node already holds: equality and ordering check that first. The memo changes no
 /// result, only how much an id costs to make and compare.
 #[derive(Clone)]
 pub struct NodeId(Arc<str>);
 
-/// How many names each thread's memo of [`NodeId::new`] keeps: a cluster's members are
-/// usually fewer. A name beyond them is made afresh (and replaces the oldest).
-const RECENT_IDS: usize = 64;
+/// The most names each thread's memo of [`NodeId::new`] keeps: more than a node's peers,
+/// and a bound on what a stream of made-up names can make it hold. A full memo starts over.
+const RECENT_IDS: usize = 1024;
+
+/// The memo's set, hashed with fixed keys: no ambient randomness in this crate.
+type Memo = std::collections::HashSet<
+    NodeId,
+    std::hash::BuildHasherDefault<std::collections::hash_map::DefaultHasher>,
+>;
 
 thread_local! {
-    /// The ids [`NodeId::new`] made last on this thread, at most [`RECENT_IDS`], and where the
-    /// next one replaces an old one once full.
-    static RECENT: std::cell::RefCell<(Vec<NodeId>, usize)> =
-        const { std::cell::RefCell::new((Vec::new(), 0)) };
+    /// The ids [`NodeId::new`] made on this thread since its memo last started over.
+    static RECENT: std::cell::RefCell<Memo> = std::cell::RefCell::new(Memo::default());
 }
 
 impl PartialEq for NodeId {
@@ -73,9 +77,7 @@ impl NodeId {
     /// Validates `name` and makes it a `NodeId`: the one made recently on this thread for
     /// the same name if there is one (see the type's doc).
     pub fn new(name: &str) -> Result<Self, Error> {
-        if let Some(known) =
-            RECENT.with_borrow(|(recent, _)| recent.iter().find(|id| id.as_str() == name).cloned())
-        {
+        if let Some(known) = RECENT.with_borrow(|recent| recent.get(name).cloned()) {
             return Ok(known);
         }
         validate(name).map_err(|problem| Error::InvalidNodeId {
@@ -83,13 +85,11 @@ impl NodeId {
             problem,
         })?;
         let id = NodeId(Arc::from(name));
-        RECENT.with_borrow_mut(|(recent, next)| {
-            if recent.len() < RECENT_IDS {
-                recent.push(id.clone());
-            } else {
-                recent[*next] = id.clone();
-                *next = (*next + 1) % RECENT_IDS;
+        RECENT.with_borrow_mut(|recent| {
+            if recent.len() >= RECENT_IDS {
+                recent.clear();
             }
+            recent.insert(id.clone());
         });
         Ok(id)
     }
