@@ -79,10 +79,11 @@ use redb::{
 use serde::{Deserialize, Serialize};
 use tokio::sync::mpsc as tokio_mpsc;
 
-/// The on-disk format this build reads and writes. Version 1 had no write-ahead log; this
-/// build opens it and records version 2, which older builds refuse (they would ignore the
-/// log).
-pub(crate) const FORMAT_VERSION: u32 = 2;
+/// The on-disk format this build writes. Version 1 had no write-ahead log; version 2's log
+/// repeated every applied write in a `Change::AppliedWrites`, where version 3 names the entry
+/// (`Change::Applied`). This build opens both, and records version 3, which older builds
+/// refuse (version 1 builds would ignore the log, version 2 builds cannot decode its records).
+pub(crate) const FORMAT_VERSION: u32 = 3;
 const FIRST_FORMAT_VERSION: u32 = 1;
 
 const META: TableDefinition<&str, &[u8]> = TableDefinition::new("meta");
@@ -604,7 +605,32 @@ impl<'txn> Tables<'txn> {
         let mut tail: Vec<&Entry> = Vec::new();
         for change in changes {
             match change {
-                Change::Applied {
+                Change::Applied { index } => {
+                    // The entry is in `tail` (appended within this fold) or, near a fold's
+                    // edge, in the log table: then what is merged so far goes first.
+                    let base = cursor.row.base_pos.index;
+                    let in_tail = index
+                        .checked_sub(base + cursor.len + 1)
+                        .and_then(|at| usize::try_from(at).ok());
+                    match in_tail {
+                        Some(at) => {
+                            let entry = tail.get(at).ok_or_else(|| {
+                                anyhow!("shard {shard}: applied entry {index} is past its log")
+                            })?;
+                            if let Some((key, value)) = entry_write(entry) {
+                                writes.insert(key, value);
+                            }
+                        }
+                        None => {
+                            for (key, value) in std::mem::take(&mut writes) {
+                                self.write_kv(shard, key, value)?;
+                            }
+                            self.apply_logged_entry(shard, *index)?;
+                        }
+                    }
+                    cursor.row.applied = *index;
+                }
+                Change::AppliedWrites {
                     index,
                     writes: applied,
                 } => {
@@ -718,6 +744,22 @@ impl<'txn> Tables<'txn> {
         Ok(())
     }
 
+    /// Applies the write of the entry the log table holds at `index` of `shard`.
+    fn apply_logged_entry(&mut self, shard: u16, index: u64) -> Result<()> {
+        let entry: Entry = {
+            let row = self
+                .log
+                .get((shard, index))?
+                .ok_or_else(|| anyhow!("shard {shard}: applied entry {index} is not in its log"))?;
+            postcard::from_bytes(row.value())
+                .with_context(|| format!("decoding shard {shard}'s log entry {index}"))?
+        };
+        if let Some((key, value)) = entry_write(&entry) {
+            self.write_kv(shard, key, value)?;
+        }
+        Ok(())
+    }
+
     /// Sets `key` of `shard` to `value`, or removes it (`None`).
     fn write_kv(&mut self, shard: u16, key: &[u8], value: Option<&[u8]>) -> Result<()> {
         match value {
@@ -745,7 +787,17 @@ impl<'txn> Tables<'txn> {
                 }
             }
             Change::Append(entries) => self.append(shard, cursor, entries)?,
-            Change::Applied { index, writes } => {
+            Change::Applied { index } => {
+                if index
+                    .checked_sub(base + 1)
+                    .is_none_or(|at| at >= cursor.len)
+                {
+                    bail!("shard {shard}: applied entry {index} is not in its log");
+                }
+                self.apply_logged_entry(shard, *index)?;
+                cursor.row.applied = *index;
+            }
+            Change::AppliedWrites { index, writes } => {
                 for (key, value) in writes {
                     self.write_kv(shard, key, value.as_deref())?;
                 }
@@ -832,6 +884,16 @@ struct Meta {
 
 /// Creates the meta table of a new database (format version, new storage id), or checks an
 /// existing one's format version and reads its storage id and folded position.
+/// What applying `entry` writes: its key and new value (`None`: removed), if it is a `Put` or
+/// a `Del`.
+fn entry_write(entry: &Entry) -> Option<(&[u8], Option<&[u8]>)> {
+    match &entry.op {
+        Op::Put { key, value } => Some((key, Some(value))),
+        Op::Del { key } => Some((key, None)),
+        Op::EpochStart | Op::Config(_) => None,
+    }
+}
+
 fn init_meta(db: &Database) -> Result<Meta> {
     let mut txn = db.begin_write().context("starting a write transaction")?;
     txn.set_durability(Durability::Immediate)
@@ -850,7 +912,7 @@ fn init_meta(db: &Database) -> Result<Meta> {
             );
         }
     }
-    // `changed`: a new store, or one upgraded from version 1.
+    // `changed`: a new store, or one upgraded from an older version.
     let (storage_id, next_unfolded, changed) = {
         let mut meta = txn.open_table(META).context("opening the meta table")?;
         let format = meta.get(FORMAT_KEY)?.map(|bytes| bytes.value().to_vec());
@@ -865,11 +927,11 @@ fn init_meta(db: &Database) -> Result<Meta> {
                 let version = <[u8; 4]>::try_from(bytes.as_slice())
                     .map(u32::from_le_bytes)
                     .map_err(|_| anyhow!("the format version is {} bytes, not 4", bytes.len()))?;
-                let upgrade = version == FIRST_FORMAT_VERSION;
+                let upgrade = (FIRST_FORMAT_VERSION..FORMAT_VERSION).contains(&version);
                 if version != FORMAT_VERSION && !upgrade {
                     bail!(
                         "unknown shard store format version {version} (this build reads \
-                         versions {FIRST_FORMAT_VERSION} and {FORMAT_VERSION})"
+                         versions {FIRST_FORMAT_VERSION} to {FORMAT_VERSION})"
                     );
                 }
                 if upgrade {

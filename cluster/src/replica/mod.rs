@@ -267,6 +267,35 @@ impl Durable {
         self.log.get(usize::try_from(index - first).ok()?)
     }
 
+    /// Applies the write of entry `index` to the state (a `Put` or a `Del`; other ops write
+    /// nothing), leaving `applied` alone. An overwrite keeps the key's allocation, and the
+    /// value's when it is not much larger than the new value. Returns false, changing
+    /// nothing, when the log does not hold the entry.
+    pub fn apply_entry(&mut self, index: u64) -> bool {
+        let first = self.base.pos.index + 1;
+        let Some(entry) = index
+            .checked_sub(first)
+            .and_then(|at| usize::try_from(at).ok())
+            .and_then(|at| self.log.get(at))
+        else {
+            return false;
+        };
+        match &entry.op {
+            Op::Put { key, value } => match self.kv.get_mut(key) {
+                Some(held) if held.capacity() <= 2 * value.len() + 64 => held.clone_from(value),
+                Some(held) => *held = value.clone(),
+                None => {
+                    self.kv.insert(key.clone(), value.clone());
+                }
+            },
+            Op::Del { key } => {
+                self.kv.remove(key);
+            }
+            Op::EpochStart | Op::Config(_) => {}
+        }
+        true
+    }
+
     /// The position at `index`: the base's, or an entry's.
     pub fn pos_at(&self, index: u64) -> Option<Pos> {
         if index == self.base.pos.index {
@@ -291,7 +320,11 @@ impl Durable {
                     .truncate(usize::try_from(keep).unwrap_or(usize::MAX));
             }
             Change::Append(entries) => self.log.extend(entries.iter().cloned()),
-            Change::Applied { index, writes } => {
+            Change::Applied { index } => {
+                self.apply_entry(*index);
+                self.applied = *index;
+            }
+            Change::AppliedWrites { index, writes } => {
                 for (key, value) in writes {
                     match value {
                         Some(value) => self.kv.insert(key.clone(), value.clone()),
@@ -370,8 +403,11 @@ pub enum Change {
     /// Replace the shard's log with a tombstone; its key-value state stays on the disk as a
     /// retired copy (gone from the replica's state all the same) until `DropRetired`.
     Tombstone(Tombstone),
-    /// Apply entry `index`: these keys now hold these values (`None`: removed).
-    Applied {
+    /// Entry `index` applied, as written by builds before store format 3 (which carried each
+    /// applied write a second time, beside its entry): these keys now hold these values
+    /// (`None`: removed), and `applied := index`. Still read from old write-ahead logs; never
+    /// made any more (see [`Change::Applied`]).
+    AppliedWrites {
         /// The entry applied.
         index: u64,
         /// Its writes.
@@ -397,6 +433,14 @@ pub enum Change {
     },
     /// Delete a tombstoned replica's retired copy from the disk (its grace period is over).
     DropRetired,
+    /// Apply entry `index`, which the log holds (an earlier `Append`, not yet compacted: only
+    /// applied entries are): a `Put` or `Del` changes its key, any other op only moves
+    /// `applied`; then `applied := index`. The change names the entry rather than repeating
+    /// its write, so a write reaches the write-ahead log once, in its `Append`.
+    Applied {
+        /// The entry applied.
+        index: u64,
+    },
 }
 
 /// Identifies a persist batch.
@@ -3448,36 +3492,16 @@ impl ShardReplica {
     fn apply_committed(&mut self) {
         while self.durable.applied < self.commit {
             let index = self.durable.applied + 1;
-            let Some(entry) = self.durable.entry(index).cloned() else {
+            let Some(entry) = self.durable.entry(index) else {
                 break;
             };
             let decided = self
                 .undecided
                 .remove(&index)
-                .map(|(tag, b, _)| (tag, decided_reply(&entry, tag, &b)));
-            let writes = match entry.op {
-                Op::Put { key, value } => {
-                    // An overwrite keeps the key's allocation, and the value's when it is
-                    // not much larger than the new value.
-                    match self.durable.kv.get_mut(&key) {
-                        Some(held) if held.capacity() <= 2 * value.len() + 64 => {
-                            held.clone_from(&value);
-                        }
-                        Some(held) => *held = value.clone(),
-                        None => {
-                            self.durable.kv.insert(key.clone(), value.clone());
-                        }
-                    }
-                    vec![(key, Some(value))]
-                }
-                Op::Del { key } => {
-                    self.durable.kv.remove(&key);
-                    vec![(key, None)]
-                }
-                Op::EpochStart | Op::Config(_) => Vec::new(),
-            };
+                .map(|(tag, b, _)| (tag, decided_reply(entry, tag, &b)));
+            self.durable.apply_entry(index);
             self.durable.applied = index;
-            self.open_batch.push(Change::Applied { index, writes });
+            self.open_batch.push(Change::Applied { index });
             if let Role::Leader(leader) = &mut self.role
                 && let Some(tag) = leader.writes.remove(&index)
             {

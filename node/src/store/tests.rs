@@ -232,12 +232,17 @@ fn valid_change(durable: &mut Durable, next_ballot: &mut u64, step: Step) -> Opt
         Kind::Apply => {
             let index = durable.applied + 1;
             let entry = durable.entry(index)?;
-            let writes = match &entry.op {
-                Op::Put { key, value } => vec![(key.clone(), Some(value.clone()))],
-                Op::Del { key } => vec![(key.clone(), None)],
-                Op::EpochStart | Op::Config(_) => Vec::new(),
-            };
-            Change::Applied { index, writes }
+            if x % 4 == 0 {
+                // As a format-2 store's log has it: the write repeated beside the entry.
+                let writes = match &entry.op {
+                    Op::Put { key, value } => vec![(key.clone(), Some(value.clone()))],
+                    Op::Del { key } => vec![(key.clone(), None)],
+                    Op::EpochStart | Op::Config(_) => Vec::new(),
+                };
+                Change::AppliedWrites { index, writes }
+            } else {
+                Change::Applied { index }
+            }
         }
         Kind::Compact => {
             let base = durable.base.pos.index;
@@ -432,10 +437,7 @@ fn a_retired_copy_stays_on_the_disk_until_dropped() {
         },
         tag: None,
     };
-    let applied = |index: u64, key: &[u8]| Change::Applied {
-        index,
-        writes: vec![(key.to_vec(), Some(b"v".to_vec()))],
-    };
+    let applied = |index: u64| Change::Applied { index };
     let rows = |store: &Store, shard: u16| {
         let txn = store.folder.db.begin_read().unwrap();
         let kv = txn.open_table(KV).unwrap();
@@ -446,8 +448,8 @@ fn a_retired_copy_stays_on_the_disk_until_dropped() {
     for shard in [1, 2] {
         let changes = vec![
             Change::Append(vec![put(1, b"a"), put(2, b"b")]),
-            applied(1, b"a"),
-            applied(2, b"b"),
+            applied(1),
+            applied(2),
         ];
         store
             .commit(&host_persist(u64::from(shard), vec![(shard, changes)]))
@@ -521,16 +523,7 @@ fn odd_changes_follow_apply_change() {
         ],
         // Past the end.
         vec![(1, vec![Change::Compact { base: base(50) }, appends(51, 52)])],
-        vec![
-            (
-                1,
-                vec![Change::Applied {
-                    index: 51,
-                    writes: vec![(b"k".to_vec(), Some(b"v".to_vec()))],
-                }],
-            ),
-            (2, vec![]),
-        ],
+        vec![(1, vec![Change::Applied { index: 51 }]), (2, vec![])],
         vec![(
             1,
             vec![
@@ -582,7 +575,7 @@ fn created_shards_survive_reopen() {
         0,
         vec![(
             u16::MAX,
-            vec![Change::Applied {
+            vec![Change::AppliedWrites {
                 index: 0,
                 writes: vec![(vec![0xff], Some(vec![1]))],
             }],
@@ -626,14 +619,14 @@ fn an_unknown_format_version_is_refused() {
     }
     let error = format!("{:#}", Store::open(&dir.db(), TEST_CACHE).unwrap_err());
     assert!(
-        error.contains("unknown shard store format version 7 (this build reads versions 1 and 2)"),
+        error.contains("unknown shard store format version 7 (this build reads versions 1 to 3)"),
         "{error}"
     );
     assert!(error.contains("shards.redb"), "{error}");
 }
 
 /// A version-1 store (no write-ahead table) opens, keeps its shards, and is recorded as
-/// version 2.
+/// the current version.
 #[test]
 fn a_version_1_store_is_upgraded() {
     let dir = TempDir::new("upgrade");
@@ -663,6 +656,118 @@ fn a_version_1_store_is_upgraded() {
     let reopened = reopen(&dir.db()).shards;
     model.fold();
     assert_eq!(reopened, model.shards);
+    let db = Database::create(dir.db()).unwrap();
+    let txn = db.begin_read().unwrap();
+    let format = txn
+        .open_table(META)
+        .unwrap()
+        .get(FORMAT_KEY)
+        .unwrap()
+        .unwrap();
+    assert_eq!(format.value(), &FORMAT_VERSION.to_le_bytes()[..]);
+}
+
+/// `Change::Applied` names its entry: applied in the batch that appends it, in a later fold
+/// than the append (the entry is then read from the log table), and on reopen from the
+/// write-ahead log alone, the state holds the entry's write.
+#[test]
+fn an_applied_entry_is_found_in_the_batch_the_log_table_or_the_write_ahead_log() {
+    let put = |index: u64, key: &[u8], value: &[u8]| Entry {
+        ballot: ballot(1),
+        index,
+        op: Op::Put {
+            key: key.to_vec(),
+            value: value.to_vec(),
+        },
+        tag: None,
+    };
+    let dir = TempDir::new("applied");
+    let mut store = Store::open(&dir.db(), TEST_CACHE).unwrap().store;
+    let mut model = Model::default();
+    let batches = [
+        vec![
+            Change::Append(vec![put(1, b"a", b"1"), put(2, b"b", b"2")]),
+            Change::Applied { index: 1 },
+        ],
+        // Entry 2 is in the log table now; entry 3 comes in this batch.
+        vec![
+            Change::Append(vec![put(3, b"a", b"3")]),
+            Change::Applied { index: 2 },
+            Change::Applied { index: 3 },
+        ],
+        vec![Change::Append(vec![Entry {
+            ballot: ballot(1),
+            index: 4,
+            op: Op::Del { key: b"b".to_vec() },
+            tag: None,
+        }])],
+        vec![Change::Applied { index: 4 }],
+    ];
+    for (batch, changes) in batches.into_iter().enumerate() {
+        let persist = host_persist(batch as u64, vec![(3, changes)]);
+        store.commit(&persist).unwrap();
+        model.apply(&persist);
+        if batch < 2 {
+            store.fold().unwrap();
+            model.fold();
+        }
+    }
+    // The last two batches only in the write-ahead log.
+    drop(store);
+    let shards = reopen(&dir.db()).shards;
+    model.fold();
+    assert_eq!(shards, model.shards);
+    let kv = &shards[&3].kv;
+    assert_eq!(kv.get(&b"a"[..]), Some(&b"3".to_vec()));
+    assert_eq!(kv.get(&b"b"[..]), None);
+    assert_eq!(shards[&3].applied, 4);
+}
+
+/// A store of format 2, whose write-ahead log repeats each applied write
+/// (`Change::AppliedWrites`), opens with what that log holds and is recorded as the current
+/// version.
+#[test]
+fn a_version_2_store_and_its_log_are_read() {
+    let dir = TempDir::new("upgrade-2");
+    let entry = Entry {
+        ballot: ballot(1),
+        index: 1,
+        op: Op::Put {
+            key: b"k".to_vec(),
+            value: b"v".to_vec(),
+        },
+        tag: None,
+    };
+    let persist = host_persist(
+        0,
+        vec![(
+            4,
+            vec![
+                Change::Append(vec![entry]),
+                Change::AppliedWrites {
+                    index: 1,
+                    writes: vec![(b"k".to_vec(), Some(b"v".to_vec()))],
+                },
+            ],
+        )],
+    );
+    {
+        let Opened { mut store, .. } = Store::open(&dir.db(), TEST_CACHE).unwrap();
+        store.commit(&persist).unwrap();
+        // Closed without a fold: the batch is only in the log.
+        drop(store);
+        let db = Database::create(dir.db()).unwrap();
+        let txn = db.begin_write().unwrap();
+        txn.open_table(META)
+            .unwrap()
+            .insert(FORMAT_KEY, &2u32.to_le_bytes()[..])
+            .unwrap();
+        txn.commit().unwrap();
+    }
+    let mut model = Model::default();
+    model.apply(&persist);
+    model.fold();
+    assert_eq!(reopen(&dir.db()).shards, model.shards);
     let db = Database::create(dir.db()).unwrap();
     let txn = db.begin_read().unwrap();
     let format = txn
@@ -714,7 +819,7 @@ fn a_view_is_one_shards_applied_state_at_one_position() {
             shard,
             vec![
                 Change::Append(vec![entry]),
-                Change::Applied {
+                Change::AppliedWrites {
                     index,
                     writes: keys.map(|k| (vec![k], Some(vec![k; 10]))).collect(),
                 },
@@ -785,16 +890,13 @@ async fn a_view_older_than_asked_brings_the_fold_forward() {
     let entry = Entry {
         ballot: ballot(1),
         index: 1,
-        op: Op::EpochStart,
+        op: Op::Put {
+            key: b"k".to_vec(),
+            value: b"v".to_vec(),
+        },
         tag: None,
     };
-    let changes = vec![
-        Change::Append(vec![entry]),
-        Change::Applied {
-            index: 1,
-            writes: vec![(b"k".to_vec(), Some(b"v".to_vec()))],
-        },
-    ];
+    let changes = vec![Change::Append(vec![entry]), Change::Applied { index: 1 }];
     handle.submit(host_persist(0, vec![(7, changes)])).unwrap();
     assert_eq!(handle.durable().await.unwrap(), HostBatchId(0));
     let deadline = Instant::now() + Duration::from_secs(10);
@@ -917,8 +1019,9 @@ fn crash_append(batch: u64, shard: u16) -> Change {
     }])
 }
 
-/// Batch `batch` appends entry `batch + 1` to every shard and applies it with 16 writes, so a
-/// torn batch would show as shards of different lengths or a log and state that disagree.
+/// Batch `batch` appends entry `batch + 1` to every shard and applies it: even batches by
+/// naming it, odd ones as a format-2 store did, with 16 writes beside it. So a torn batch
+/// would show as shards of different lengths or a log and state that disagree.
 fn crash_batch(batch: u64) -> HostPersist {
     let shards = (0..CRASH_SHARDS)
         .map(|shard| {
@@ -929,9 +1032,14 @@ fn crash_batch(batch: u64) -> HostPersist {
                 shard,
                 vec![
                     crash_append(batch, shard),
-                    Change::Applied {
-                        index: batch + 1,
-                        writes,
+                    // Odd batches as a format-2 store wrote them.
+                    if batch.is_multiple_of(2) {
+                        Change::Applied { index: batch + 1 }
+                    } else {
+                        Change::AppliedWrites {
+                            index: batch + 1,
+                            writes,
+                        }
                     },
                 ],
             )
@@ -1027,7 +1135,7 @@ fn a_killed_writer_leaves_a_prefix_of_its_batches() {
     }
 }
 
-/// One key's new value, as in `Change::Applied`.
+/// One key's new value, as in `Change::AppliedWrites`.
 type KeyWrite = (Vec<u8>, Option<Vec<u8>>);
 
 // ---- Measurement --------------------------------------------------------------------------
@@ -1053,6 +1161,7 @@ fn measure_commit_throughput() {
         let mut store = Store::open(&dir.db(), TEST_CACHE).unwrap().store;
         let mut key_counter = 0u64;
         let mut batches = 0u64;
+        let mut last_index: BTreeMap<u16, u64> = BTreeMap::new();
         let started = Instant::now();
         while started.elapsed() < Duration::from_secs(3) || batches < 5 {
             let mut shards: BTreeMap<u16, Vec<KeyWrite>> = BTreeMap::new();
@@ -1070,13 +1179,16 @@ fn measure_commit_throughput() {
             let shards = shards
                 .into_iter()
                 .map(|(shard, writes)| {
-                    // As a replica writes them: the entries, and the previous ones applied.
+                    // As a replica writes them: the entries, then each applied.
+                    let last = last_index.entry(shard).or_insert(0);
+                    let first = *last + 1;
+                    *last += writes.len() as u64;
                     let entries = writes
                         .iter()
                         .enumerate()
                         .map(|(i, (key, value))| Entry {
                             ballot: ballot(1),
-                            index: batches * 1_000_000 + i as u64 + 1,
+                            index: first + i as u64,
                             op: Op::Put {
                                 key: key.clone(),
                                 value: value.clone().unwrap_or_default(),
@@ -1084,16 +1196,11 @@ fn measure_commit_throughput() {
                             tag: None,
                         })
                         .collect();
-                    (
-                        shard,
-                        vec![
-                            Change::Append(entries),
-                            Change::Applied {
-                                index: batches + 1,
-                                writes,
-                            },
-                        ],
-                    )
+                    let applied =
+                        (first..first + writes.len() as u64).map(|index| Change::Applied { index });
+                    let mut changes = vec![Change::Append(entries)];
+                    changes.extend(applied);
+                    (shard, changes)
                 })
                 .collect();
             store.commit(&host_persist(batches, shards)).unwrap();
