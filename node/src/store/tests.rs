@@ -52,6 +52,19 @@ fn ballot(n: u64) -> Ballot {
     }
 }
 
+/// Entry `index` of ballot 1, putting `value` at `key`.
+fn put_entry(index: u64, key: &[u8], value: &[u8]) -> Entry {
+    Entry {
+        ballot: ballot(1),
+        index,
+        op: Op::Put {
+            key: key.to_vec(),
+            value: value.to_vec(),
+        },
+        tag: None,
+    }
+}
+
 fn config(voters: u64) -> Config {
     Config {
         voters: (0..voters)
@@ -428,15 +441,7 @@ proptest! {
 /// shards' rows are untouched.
 #[test]
 fn a_retired_copy_stays_on_the_disk_until_dropped() {
-    let put = |index: u64, key: &[u8]| Entry {
-        ballot: ballot(1),
-        index,
-        op: Op::Put {
-            key: key.to_vec(),
-            value: b"v".to_vec(),
-        },
-        tag: None,
-    };
+    let put = |index: u64, key: &[u8]| put_entry(index, key, b"v");
     let applied = |index: u64| Change::Applied { index };
     let rows = |store: &Store, shard: u16| {
         let txn = store.folder.db.begin_read().unwrap();
@@ -604,19 +609,35 @@ fn storage_id_survives_reopen_and_a_new_database_gets_a_new_one() {
     assert_ne!(reopen(&other.db()).storage_id, recreated);
 }
 
+/// Records `version` as the format of the store at `path` (closed).
+fn set_format_version(path: &Path, version: u32) {
+    let db = Database::create(path).unwrap();
+    let txn = db.begin_write().unwrap();
+    txn.open_table(META)
+        .unwrap()
+        .insert(FORMAT_KEY, &version.to_le_bytes()[..])
+        .unwrap();
+    txn.commit().unwrap();
+}
+
+/// The format version the store at `path` (closed) records.
+fn format_version(path: &Path) -> u32 {
+    let db = Database::create(path).unwrap();
+    let txn = db.begin_read().unwrap();
+    let format = txn
+        .open_table(META)
+        .unwrap()
+        .get(FORMAT_KEY)
+        .unwrap()
+        .unwrap();
+    u32::from_le_bytes(format.value().try_into().unwrap())
+}
+
 #[test]
 fn an_unknown_format_version_is_refused() {
     let dir = TempDir::new("version");
     drop(Store::open(&dir.db(), TEST_CACHE).unwrap());
-    {
-        let db = Database::create(dir.db()).unwrap();
-        let txn = db.begin_write().unwrap();
-        txn.open_table(META)
-            .unwrap()
-            .insert(FORMAT_KEY, &7u32.to_le_bytes()[..])
-            .unwrap();
-        txn.commit().unwrap();
-    }
+    set_format_version(&dir.db(), 7);
     let error = format!("{:#}", Store::open(&dir.db(), TEST_CACHE).unwrap_err());
     assert!(
         error.contains("unknown shard store format version 7 (this build reads versions 1 to 3)"),
@@ -635,13 +656,7 @@ fn a_version_1_store_is_upgraded() {
         let durable = Durable::bootstrap(config(3));
         store.create_shards([(5, &durable)]).unwrap();
         drop(store);
-        let db = Database::create(dir.db()).unwrap();
-        let txn = db.begin_write().unwrap();
-        txn.open_table(META)
-            .unwrap()
-            .insert(FORMAT_KEY, &1u32.to_le_bytes()[..])
-            .unwrap();
-        txn.commit().unwrap();
+        set_format_version(&dir.db(), 1);
         BTreeMap::from([(5, durable)])
     };
     let Opened { mut store, .. } = Store::open(&dir.db(), TEST_CACHE).unwrap();
@@ -656,15 +671,7 @@ fn a_version_1_store_is_upgraded() {
     let reopened = reopen(&dir.db()).shards;
     model.fold();
     assert_eq!(reopened, model.shards);
-    let db = Database::create(dir.db()).unwrap();
-    let txn = db.begin_read().unwrap();
-    let format = txn
-        .open_table(META)
-        .unwrap()
-        .get(FORMAT_KEY)
-        .unwrap()
-        .unwrap();
-    assert_eq!(format.value(), &FORMAT_VERSION.to_le_bytes()[..]);
+    assert_eq!(format_version(&dir.db()), FORMAT_VERSION);
 }
 
 /// `Change::Applied` names its entry: applied in the batch that appends it, in a later fold
@@ -672,15 +679,7 @@ fn a_version_1_store_is_upgraded() {
 /// write-ahead log alone, the state holds the entry's write.
 #[test]
 fn an_applied_entry_is_found_in_the_batch_the_log_table_or_the_write_ahead_log() {
-    let put = |index: u64, key: &[u8], value: &[u8]| Entry {
-        ballot: ballot(1),
-        index,
-        op: Op::Put {
-            key: key.to_vec(),
-            value: value.to_vec(),
-        },
-        tag: None,
-    };
+    let put = put_entry;
     let dir = TempDir::new("applied");
     let mut store = Store::open(&dir.db(), TEST_CACHE).unwrap().store;
     let mut model = Model::default();
@@ -729,15 +728,7 @@ fn an_applied_entry_is_found_in_the_batch_the_log_table_or_the_write_ahead_log()
 #[test]
 fn a_version_2_store_and_its_log_are_read() {
     let dir = TempDir::new("upgrade-2");
-    let entry = Entry {
-        ballot: ballot(1),
-        index: 1,
-        op: Op::Put {
-            key: b"k".to_vec(),
-            value: b"v".to_vec(),
-        },
-        tag: None,
-    };
+    let entry = put_entry(1, b"k", b"v");
     let persist = host_persist(
         0,
         vec![(
@@ -756,27 +747,13 @@ fn a_version_2_store_and_its_log_are_read() {
         store.commit(&persist).unwrap();
         // Closed without a fold: the batch is only in the log.
         drop(store);
-        let db = Database::create(dir.db()).unwrap();
-        let txn = db.begin_write().unwrap();
-        txn.open_table(META)
-            .unwrap()
-            .insert(FORMAT_KEY, &2u32.to_le_bytes()[..])
-            .unwrap();
-        txn.commit().unwrap();
+        set_format_version(&dir.db(), 2);
     }
     let mut model = Model::default();
     model.apply(&persist);
     model.fold();
     assert_eq!(reopen(&dir.db()).shards, model.shards);
-    let db = Database::create(dir.db()).unwrap();
-    let txn = db.begin_read().unwrap();
-    let format = txn
-        .open_table(META)
-        .unwrap()
-        .get(FORMAT_KEY)
-        .unwrap()
-        .unwrap();
-    assert_eq!(format.value(), &FORMAT_VERSION.to_le_bytes()[..]);
+    assert_eq!(format_version(&dir.db()), FORMAT_VERSION);
 }
 
 #[test]
@@ -887,15 +864,7 @@ async fn a_view_older_than_asked_brings_the_fold_forward() {
     });
     let mut handle = StoreWorker::spawn(store).unwrap();
     let mut reader = handle.snapshot_reader().unwrap();
-    let entry = Entry {
-        ballot: ballot(1),
-        index: 1,
-        op: Op::Put {
-            key: b"k".to_vec(),
-            value: b"v".to_vec(),
-        },
-        tag: None,
-    };
+    let entry = put_entry(1, b"k", b"v");
     let changes = vec![Change::Append(vec![entry]), Change::Applied { index: 1 }];
     handle.submit(host_persist(0, vec![(7, changes)])).unwrap();
     assert_eq!(handle.durable().await.unwrap(), HostBatchId(0));
