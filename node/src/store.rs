@@ -828,7 +828,7 @@ impl<'txn> Tables<'txn> {
                 self.clear_log(shard)?;
                 self.clear_kv(shard)?;
                 for (key, value) in kv {
-                    self.kv.insert((shard, key.as_slice()), value.as_slice())?;
+                    self.kv.insert((shard, key), value)?;
                 }
                 cursor.len = 0;
                 cursor.row.applied = new_base.pos.index;

@@ -8,7 +8,6 @@
 //!
 //! Self-describing formats (JSON) see a byte array, as before.
 
-use std::collections::BTreeMap;
 use std::fmt;
 
 use serde::de::{Deserializer, SeqAccess, Visitor};
@@ -143,28 +142,6 @@ pub(crate) mod writes {
     }
 }
 
-/// `BTreeMap<Vec<u8>, Vec<u8>>`: a whole key-value state.
-pub(crate) mod map {
-    use super::*;
-
-    pub(crate) fn serialize<S: Serializer>(
-        map: &BTreeMap<Vec<u8>, Vec<u8>>,
-        serializer: S,
-    ) -> Result<S::Ok, S::Error> {
-        serializer.collect_map(map.iter().map(|(key, value)| (Ref(key), Ref(value))))
-    }
-
-    pub(crate) fn deserialize<'de, D: Deserializer<'de>>(
-        deserializer: D,
-    ) -> Result<BTreeMap<Vec<u8>, Vec<u8>>, D::Error> {
-        BTreeMap::<Buf, Buf>::deserialize(deserializer).map(|map| {
-            map.into_iter()
-                .map(|(key, value)| (key.0, value.0))
-                .collect()
-        })
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -175,7 +152,6 @@ mod tests {
         value: Option<Vec<u8>>,
         pairs: Vec<(Vec<u8>, Vec<u8>)>,
         writes: Vec<(Vec<u8>, Option<Vec<u8>>)>,
-        map: BTreeMap<Vec<u8>, Vec<u8>>,
     }
 
     #[derive(Debug, PartialEq, Serialize, Deserialize)]
@@ -188,8 +164,6 @@ mod tests {
         pairs: Vec<(Vec<u8>, Vec<u8>)>,
         #[serde(with = "writes")]
         writes: Vec<(Vec<u8>, Option<Vec<u8>>)>,
-        #[serde(with = "map")]
-        map: BTreeMap<Vec<u8>, Vec<u8>>,
     }
 
     /// Byte strings encode exactly as plain `Vec<u8>`s do in postcard (frames and the
@@ -202,29 +176,16 @@ mod tests {
             value: Some(vec![0, 255, 7]),
             pairs: vec![(b"a".to_vec(), vec![]), (b"b".to_vec(), vec![1; 300])],
             writes: vec![(b"x".to_vec(), None), (b"y".to_vec(), Some(vec![9]))],
-            map: BTreeMap::from([(b"k".to_vec(), b"v".to_vec())]),
         };
         let bytes = AsBytes {
             key,
             value: plain.value.clone(),
             pairs: plain.pairs.clone(),
             writes: plain.writes.clone(),
-            map: plain.map.clone(),
         };
         let encoded = postcard::to_allocvec(&plain).unwrap();
         assert_eq!(postcard::to_allocvec(&bytes).unwrap(), encoded);
         assert_eq!(postcard::from_bytes::<AsBytes>(&encoded).unwrap(), bytes);
-        // JSON has no byte-string map keys, for either form: compare without the map.
-        let (plain, bytes) = (
-            Plain {
-                map: BTreeMap::new(),
-                ..plain
-            },
-            AsBytes {
-                map: BTreeMap::new(),
-                ..bytes
-            },
-        );
         let json = serde_json::to_string(&plain).unwrap();
         assert_eq!(serde_json::to_string(&bytes).unwrap(), json);
         assert_eq!(serde_json::from_str::<AsBytes>(&json).unwrap(), bytes);

@@ -14,6 +14,7 @@
 
 mod bytes;
 mod host;
+mod image;
 mod shard_map;
 mod snapshot;
 mod types;
@@ -27,6 +28,7 @@ use topology::NodeId;
 pub use self::host::{
     FRAME_BUDGET, HostBatchId, HostPersist, MAX_COMMITS_IN_FLIGHT, MoveChange, PeerBatch, ShardHost,
 };
+pub use self::image::{ImagePairs, StateImage};
 pub use self::snapshot::{MemoryViews, Pairs, SnapshotRead, SnapshotReadReply, ViewId};
 pub use self::types::{
     Ballot, ClientOp, ClientReply, ClientRoute, Config, Entry, Member, Message, NackReason, Op,
@@ -354,7 +356,7 @@ impl Durable {
             }
             Change::InstallSnapshot { base, kv } => {
                 self.log.clear();
-                self.kv = kv.clone();
+                self.kv = kv.to_map();
                 self.applied = base.pos.index;
                 self.base = base.clone();
                 self.tombstone = None;
@@ -427,9 +429,8 @@ pub enum Change {
     InstallSnapshot {
         /// The snapshot's position and config.
         base: Base,
-        /// The state at `base`.
-        #[serde(with = "bytes::map")]
-        kv: BTreeMap<Vec<u8>, Vec<u8>>,
+        /// The state at `base`, as one buffer (the replica keeps its own map of it).
+        kv: StateImage,
     },
     /// Delete a tombstoned replica's retired copy from the disk (its grace period is over).
     DropRetired,
@@ -1020,7 +1021,7 @@ impl ShardReplica {
     pub fn persist_base(&mut self, now: Duration) {
         self.open_batch.push(Change::InstallSnapshot {
             base: self.durable.base.clone(),
-            kv: self.durable.kv.clone(),
+            kv: StateImage::from_map(&self.durable.kv),
         });
         if self.open_since.is_none() {
             self.open_since = Some(now);
@@ -2744,7 +2745,7 @@ impl ShardReplica {
         self.durable_last = 0;
         self.open_batch.push(Change::InstallSnapshot {
             base,
-            kv: BTreeMap::new(),
+            kv: StateImage::default(),
         });
         if self.open_since.is_none() {
             self.open_since = Some(now);
@@ -2885,8 +2886,9 @@ impl ShardReplica {
             self.mutations.corrupt_next_install = false;
             value.push(b'!');
         }
+        let image = StateImage::from_map(&kv);
         self.durable.log.clear();
-        self.durable.kv = kv.clone();
+        self.durable.kv = kv;
         self.durable.applied = index;
         self.durable.base = base.clone();
         self.commit = self.commit.max(index);
@@ -2895,7 +2897,8 @@ impl ShardReplica {
         for (_, _, last) in self.unpersisted.iter_mut() {
             *last = (*last).min(index);
         }
-        self.open_batch.push(Change::InstallSnapshot { base, kv });
+        self.open_batch
+            .push(Change::InstallSnapshot { base, kv: image });
         self.answer_verify();
         self.arm_election(now);
     }

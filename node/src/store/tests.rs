@@ -4,7 +4,7 @@ use std::process::{Command, Stdio};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use cluster::replica::{BatchId, Member, Op, Persist, SnapshotRead, SnapshotReadReply};
+use cluster::replica::{BatchId, Member, Op, Persist, SnapshotRead, SnapshotReadReply, StateImage};
 use proptest::prelude::*;
 use topology::NodeId;
 
@@ -273,9 +273,10 @@ fn valid_change(durable: &mut Durable, next_ballot: &mut u64, step: Step) -> Opt
         Kind::Install => {
             *next_ballot += 1;
             let index = last.max(durable.applied) + 1 + x % 5;
-            let kv = (0..y % 6)
+            let kv: BTreeMap<Vec<u8>, Vec<u8>> = (0..y % 6)
                 .map(|i| (vec![i as u8, x as u8], vec![y as u8; i as usize]))
                 .collect();
+            let kv = StateImage::from_map(&kv);
             Change::InstallSnapshot {
                 base: Base {
                     pos: Pos {
@@ -946,7 +947,7 @@ async fn a_failed_fold_is_reported_and_stops_the_worker() {
                 vec![
                     Change::InstallSnapshot {
                         base,
-                        kv: BTreeMap::new(),
+                        kv: StateImage::default(),
                     },
                     crash_append(1, 1),
                 ],
