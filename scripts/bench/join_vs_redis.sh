@@ -231,6 +231,7 @@ fi
 log "  retried (took more than one attempt): $(json_field "$WORK/during.json" \
     '"%d writes, p50 %s ms, p99 %s ms; answers %s" % (d["retried"]["ops"], d["retried"]["latency_ms"]["p50"], d["retried"]["latency_ms"]["p99"], d["retried"]["attempts"])')"
 sed 's/^/  /' "$WORK/check.txt" >>"$OUT"
+log "slotring joiner's peak resident memory: $(awk '/^VmHWM/ { printf "%.0f MB", $2 / 1024 }' "/proc/$JOINER_PID/status")"
 kill "$JOINER_PID" 2>/dev/null || true
 wait "$JOINER_PID" 2>/dev/null || true
 JOINER_PID=
