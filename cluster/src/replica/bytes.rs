@@ -20,7 +20,7 @@ type Pairs = Vec<(Vec<u8>, Vec<u8>)>;
 type Writes = Vec<(Vec<u8>, Option<Vec<u8>>)>;
 
 /// A borrowed byte string, serialized as bytes.
-struct Ref<'a>(&'a [u8]);
+pub(super) struct Ref<'a>(pub(super) &'a [u8]);
 
 impl Serialize for Ref<'_> {
     fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {

@@ -18,6 +18,8 @@ use serde::de::{self, DeserializeSeed, Deserializer, MapAccess, SeqAccess, Visit
 use serde::ser::Serializer;
 use serde::{Deserialize, Serialize};
 
+use super::bytes::Ref;
+
 /// A key-value state in key order, keys unique: each pair as a varint key length, the key, a
 /// varint value length and the value, one after another in one buffer. Only whole, well-formed
 /// images exist (built from a map, or decoded and checked), so reading one cannot fail.
@@ -167,16 +169,7 @@ fn split_bytes(from: &[u8]) -> Option<(&[u8], &[u8])> {
 
 impl Serialize for StateImage {
     fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
-        serializer.collect_map(self.iter().map(|(key, value)| (Bytes(key), Bytes(value))))
-    }
-}
-
-/// A borrowed byte string, serialized as bytes.
-struct Bytes<'a>(&'a [u8]);
-
-impl Serialize for Bytes<'_> {
-    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
-        serializer.serialize_bytes(self.0)
+        serializer.collect_map(self.iter().map(|(key, value)| (Ref(key), Ref(value))))
     }
 }
 
