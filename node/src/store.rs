@@ -69,8 +69,8 @@ use std::thread::JoinHandle;
 use self::wal::Wal;
 use anyhow::{Context, Result, anyhow, bail};
 use cluster::replica::{
-    Ballot, Base, Change, Config, Durable, Entry, HostBatchId, HostPersist, Op, Pos, StorageId,
-    Tombstone,
+    Ballot, Base, Change, Config, Durable, Entry, HostBatchId, HostPersist, ImageBuilder, KvState,
+    Op, Pos, StorageId, Tombstone,
 };
 use redb::{
     Database, Durability, ReadableDatabase, ReadableTable, Table, TableDefinition, TableHandle,
@@ -131,7 +131,7 @@ impl ShardRow {
         }
     }
 
-    fn into_durable(self, log: Vec<Entry>, kv: BTreeMap<Vec<u8>, Vec<u8>>) -> Durable {
+    fn into_durable(self, log: Vec<Entry>, kv: KvState) -> Durable {
         Durable {
             promised: self.promised,
             base: Base {
@@ -582,7 +582,7 @@ impl<'txn> Tables<'txn> {
         };
         self.append(shard, &mut cursor, &durable.log)?;
         for (key, value) in &durable.kv {
-            self.kv.insert((shard, key.as_slice()), value.as_slice())?;
+            self.kv.insert((shard, key), value)?;
         }
         let row = encode(&cursor.row)?;
         self.shards.insert(shard, row.as_slice())?;
@@ -996,15 +996,19 @@ fn load(db: &Database) -> Result<BTreeMap<u16, Durable>> {
                 .with_context(|| format!("decoding shard {shard}'s log entry {index}"))?;
             entries.push(entry);
         }
-        let mut pairs = BTreeMap::new();
+        // The rows come in key order, so they go straight into the state's image.
+        let mut pairs = ImageBuilder::default();
         // A tombstoned replica's rows are its retired copy: on the disk, not in its state.
         if row.tombstone.is_none() {
             for pair in kv.range::<(u16, &[u8])>(kv_range(shard))? {
                 let (key, value) = pair?;
-                pairs.insert(key.value().1.to_vec(), value.value().to_vec());
+                pairs
+                    .push(key.value().1, value.value())
+                    .map_err(|_| anyhow!("shard {shard}'s key-value rows are out of order"))?;
             }
         }
-        loaded.insert(shard, row.into_durable(entries, pairs));
+        let kv = KvState::from_image(pairs.finish());
+        loaded.insert(shard, row.into_durable(entries, kv));
     }
     Ok(loaded)
 }

@@ -13,6 +13,7 @@
 
 use std::collections::BTreeMap;
 use std::fmt;
+use std::sync::Arc;
 
 use serde::de::{self, DeserializeSeed, Deserializer, MapAccess, SeqAccess, Visitor};
 use serde::ser::Serializer;
@@ -22,11 +23,13 @@ use super::bytes::Ref;
 
 /// A key-value state in key order, keys unique: each pair as a varint key length, the key, a
 /// varint value length and the value, one after another in one buffer. Only whole, well-formed
-/// images exist (built from a map, or decoded and checked), so reading one cannot fail.
+/// images exist (built from a map or from pairs in order, or decoded and checked), so reading
+/// one cannot fail. The buffer is shared: a clone costs a reference count, so the replica's
+/// state ([`super::KvState`]) and the change that stores it hold the same bytes.
 #[derive(Clone, Default, PartialEq, Eq, Hash)]
 pub struct StateImage {
     /// The encoded pairs.
-    bytes: Vec<u8>,
+    bytes: Arc<Vec<u8>>,
     /// How many pairs `bytes` holds.
     len: usize,
 }
@@ -34,21 +37,12 @@ pub struct StateImage {
 impl StateImage {
     /// The image of `map`, in one allocation of exactly its size.
     pub fn from_map(map: &BTreeMap<Vec<u8>, Vec<u8>>) -> Self {
-        let size = map
-            .iter()
-            .map(|(key, value)| {
-                varint_len(key.len()) + key.len() + varint_len(value.len()) + value.len()
-            })
-            .sum();
-        let mut bytes = Vec::with_capacity(size);
+        let mut builder =
+            ImageBuilder::with_capacity(map.iter().map(|(key, value)| pair_size(key, value)).sum());
         for (key, value) in map {
-            push_bytes(&mut bytes, key);
-            push_bytes(&mut bytes, value);
+            builder.push_in_order(key, value);
         }
-        StateImage {
-            bytes,
-            len: map.len(),
-        }
+        builder.finish()
     }
 
     /// The pairs, in key order.
@@ -57,6 +51,25 @@ impl StateImage {
             rest: &self.bytes,
             left: self.len,
         }
+    }
+
+    /// The encoded pairs.
+    pub(super) fn bytes(&self) -> &[u8] {
+        &self.bytes
+    }
+
+    /// The pairs from the one whose encoding starts at `offset` in [`Self::bytes`], the
+    /// `index`-th; an offset that is not a pair's start ends the iteration early.
+    pub(super) fn pairs_from(&self, index: usize, offset: usize) -> ImagePairs<'_> {
+        ImagePairs {
+            rest: self.bytes.get(offset..).unwrap_or_default(),
+            left: self.len.saturating_sub(index),
+        }
+    }
+
+    /// The encoded size of the pairs, in bytes.
+    pub fn encoded_len(&self) -> usize {
+        self.bytes.len()
     }
 
     /// The state as a map (a copy of every key and value).
@@ -75,6 +88,72 @@ impl StateImage {
     pub fn is_empty(&self) -> bool {
         self.len == 0
     }
+}
+
+/// Builds a [`StateImage`] from pairs given in key order.
+#[derive(Debug, Default)]
+pub struct ImageBuilder {
+    bytes: Vec<u8>,
+    len: usize,
+    /// Where the last key pushed lies in `bytes`.
+    last_key: Option<(usize, usize)>,
+}
+
+/// A pair given to an [`ImageBuilder`] whose key is not after the previous pair's.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct OutOfOrder;
+
+impl ImageBuilder {
+    /// A builder whose buffer holds `bytes` of encoded pairs before it grows (see
+    /// [`pair_size`]).
+    pub fn with_capacity(bytes: usize) -> Self {
+        ImageBuilder {
+            bytes: Vec::with_capacity(bytes),
+            ..ImageBuilder::default()
+        }
+    }
+
+    /// Appends a pair whose key is after every key pushed so far; refuses, changing nothing,
+    /// one that is not.
+    pub fn push(&mut self, key: &[u8], value: &[u8]) -> Result<(), OutOfOrder> {
+        if let Some((start, end)) = self.last_key
+            && self.bytes[start..end] >= *key
+        {
+            return Err(OutOfOrder);
+        }
+        self.push_in_order(key, value);
+        Ok(())
+    }
+
+    /// [`Self::push`] for a caller whose pairs come from something sorted and unique.
+    fn push_in_order(&mut self, key: &[u8], value: &[u8]) {
+        debug_assert!(
+            self.last_key
+                .is_none_or(|(start, end)| self.bytes[start..end] < *key)
+        );
+        push_bytes(&mut self.bytes, key);
+        let end = self.bytes.len();
+        self.last_key = Some((end - key.len(), end));
+        push_bytes(&mut self.bytes, value);
+        self.len += 1;
+    }
+
+    /// The image of the pairs pushed. A buffer that grew well past its pairs is shrunk to
+    /// them, since an image lives as long as its state.
+    pub fn finish(mut self) -> StateImage {
+        if self.bytes.capacity() - self.bytes.len() > self.bytes.len() / 8 {
+            self.bytes.shrink_to_fit();
+        }
+        StateImage {
+            bytes: Arc::new(self.bytes),
+            len: self.len,
+        }
+    }
+}
+
+/// How many bytes a pair takes in an image.
+pub(super) fn pair_size(key: &[u8], value: &[u8]) -> usize {
+    varint_len(key.len()) + key.len() + varint_len(value.len()) + value.len()
 }
 
 impl From<&BTreeMap<Vec<u8>, Vec<u8>>> for StateImage {
@@ -145,7 +224,7 @@ fn push_bytes(out: &mut Vec<u8>, bytes: &[u8]) {
 }
 
 /// Splits a varint-length-prefixed byte string off the front of `from`.
-fn split_bytes(from: &[u8]) -> Option<(&[u8], &[u8])> {
+pub(super) fn split_bytes(from: &[u8]) -> Option<(&[u8], &[u8])> {
     let mut len: usize = 0;
     let mut shift = 0u32;
     let mut at = 0;
@@ -203,7 +282,10 @@ impl<'de> Visitor<'de> for ImageVisitor {
             map.next_value_seed(Append(&mut bytes))?;
             len += 1;
         }
-        Ok(StateImage { bytes, len })
+        Ok(StateImage {
+            bytes: Arc::new(bytes),
+            len,
+        })
     }
 }
 

@@ -17,6 +17,7 @@ mod host;
 mod image;
 mod shard_map;
 mod snapshot;
+mod state;
 mod types;
 
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
@@ -28,8 +29,9 @@ use topology::NodeId;
 pub use self::host::{
     FRAME_BUDGET, HostBatchId, HostPersist, MAX_COMMITS_IN_FLIGHT, MoveChange, PeerBatch, ShardHost,
 };
-pub use self::image::{ImagePairs, StateImage};
+pub use self::image::{ImageBuilder, ImagePairs, OutOfOrder, StateImage};
 pub use self::snapshot::{MemoryViews, Pairs, SnapshotRead, SnapshotReadReply, ViewId};
+pub use self::state::{KvState, Pairs as KvPairs};
 pub use self::types::{
     Ballot, ClientOp, ClientReply, ClientRoute, Config, Entry, Member, Message, NackReason, Op,
     PairHasher, Pos, PreVerdict, RejectReason, RequestTag, StorageId, VerifyOutcome,
@@ -203,7 +205,7 @@ pub struct Durable {
     /// Entries `base.pos.index + 1 ..`.
     pub log: Vec<Entry>,
     /// The key-value state at `applied`.
-    pub kv: BTreeMap<Vec<u8>, Vec<u8>>,
+    pub kv: KvState,
     /// The last applied index.
     pub applied: u64,
     /// Set once this replica was removed from the shard (R8): it never stands or promises
@@ -241,7 +243,7 @@ impl Durable {
                 config,
             },
             log: Vec::new(),
-            kv: BTreeMap::new(),
+            kv: KvState::new(),
             applied: 0,
             tombstone: None,
         }
@@ -270,8 +272,8 @@ impl Durable {
     }
 
     /// Applies the write of entry `index` to the state (a `Put` or a `Del`; other ops write
-    /// nothing), leaving `applied` alone. An overwrite keeps the key's allocation, and the
-    /// value's when it is not much larger than the new value. Returns false, changing
+    /// nothing), leaving `applied` alone (see [`KvState::insert`] for what an overwrite
+    /// keeps). Returns false, changing
     /// nothing, when the log does not hold the entry.
     pub fn apply_entry(&mut self, index: u64) -> bool {
         let first = self.base.pos.index + 1;
@@ -283,13 +285,7 @@ impl Durable {
             return false;
         };
         match &entry.op {
-            Op::Put { key, value } => match self.kv.get_mut(key) {
-                Some(held) if held.capacity() <= 2 * value.len() + 64 => held.clone_from(value),
-                Some(held) => *held = value.clone(),
-                None => {
-                    self.kv.insert(key.clone(), value.clone());
-                }
-            },
+            Op::Put { key, value } => self.kv.insert(key, value),
             Op::Del { key } => {
                 self.kv.remove(key);
             }
@@ -329,7 +325,7 @@ impl Durable {
             Change::AppliedWrites { index, writes } => {
                 for (key, value) in writes {
                     match value {
-                        Some(value) => self.kv.insert(key.clone(), value.clone()),
+                        Some(value) => self.kv.insert(key, value),
                         None => self.kv.remove(key),
                     };
                 }
@@ -356,7 +352,7 @@ impl Durable {
             }
             Change::InstallSnapshot { base, kv } => {
                 self.log.clear();
-                self.kv = kv.to_map();
+                self.kv = KvState::from_image(kv.clone());
                 self.applied = base.pos.index;
                 self.base = base.clone();
                 self.tombstone = None;
@@ -1021,7 +1017,7 @@ impl ShardReplica {
     pub fn persist_base(&mut self, now: Duration) {
         self.open_batch.push(Change::InstallSnapshot {
             base: self.durable.base.clone(),
-            kv: StateImage::from_map(&self.durable.kv),
+            kv: self.durable.kv.to_image(),
         });
         if self.open_since.is_none() {
             self.open_since = Some(now);
@@ -1328,14 +1324,14 @@ impl ShardReplica {
             ClientOp::Get { key } => {
                 self.wake(now);
                 if self.mutations.read_without_round {
-                    let value = self.durable.kv.get(&key).cloned();
+                    let value = self.durable.kv.get(&key).map(<[u8]>::to_vec);
                     self.replies.push_back((tag, ClientReply::Ok { value }));
                     return;
                 }
                 // R9: under a lease the state is read first, and the lease checked at the
                 // same instant.
                 if self.holds_lease(now) && self.durable.applied >= self.commit {
-                    let value = self.durable.kv.get(&key).cloned();
+                    let value = self.durable.kv.get(&key).map(<[u8]>::to_vec);
                     self.replies.push_back((tag, ClientReply::Ok { value }));
                 } else if let Role::Leader(leader) = &mut self.role {
                     leader.reads.push(PendingRead {
@@ -2877,18 +2873,9 @@ impl ShardReplica {
             pairs = incoming.pairs.len(),
             "snapshot installed"
         );
-        // Sorted input sorts in one pass; a key sent twice keeps its last value, as inserting
-        // pair by pair did.
-        let mut kv: BTreeMap<Vec<u8>, Vec<u8>> = incoming.pairs.into_iter().collect();
-        if self.mutations.corrupt_next_install
-            && let Some(value) = kv.values_mut().next()
-        {
-            self.mutations.corrupt_next_install = false;
-            value.push(b'!');
-        }
-        let image = StateImage::from_map(&kv);
+        let image = self.image_of(incoming.pairs);
         self.durable.log.clear();
-        self.durable.kv = kv;
+        self.durable.kv = KvState::from_image(image.clone());
         self.durable.applied = index;
         self.durable.base = base.clone();
         self.commit = self.commit.max(index);
@@ -2901,6 +2888,30 @@ impl ShardReplica {
             .push(Change::InstallSnapshot { base, kv: image });
         self.answer_verify();
         self.arm_election(now);
+    }
+
+    /// The image of a received snapshot's pairs. The leader sends them in key order, so they
+    /// go straight into the image; pairs out of order are sorted first, a key sent twice
+    /// keeping its last value.
+    fn image_of(&mut self, mut pairs: Pairs) -> StateImage {
+        if self.mutations.corrupt_next_install
+            && let Some((_, value)) = pairs.first_mut()
+        {
+            self.mutations.corrupt_next_install = false;
+            value.push(b'!');
+        }
+        let size = pairs
+            .iter()
+            .map(|(key, value)| image::pair_size(key, value))
+            .sum();
+        let mut builder = ImageBuilder::with_capacity(size);
+        for (key, value) in &pairs {
+            if builder.push(key, value).is_err() {
+                let sorted: BTreeMap<Vec<u8>, Vec<u8>> = pairs.into_iter().collect();
+                return StateImage::from_map(&sorted);
+            }
+        }
+        builder.finish()
     }
 
     /// Log compaction: once `compact_after` applied entries sit after the base, the base moves
@@ -3562,7 +3573,7 @@ impl ShardReplica {
             if read.round == 0 || read.round > confirmed || applied < read.read_index {
                 return true;
             }
-            served.push((read.tag, self.durable.kv.get(&read.key).cloned()));
+            served.push((read.tag, self.durable.kv.get(&read.key).map(<[u8]>::to_vec)));
             false
         });
         for (tag, value) in served {

@@ -9,7 +9,7 @@
 
 use std::collections::BTreeMap;
 
-use super::{Base, Durable};
+use super::{Base, Durable, KvState};
 
 /// Key-value pairs in key order, as a snapshot chunk carries them.
 pub type Pairs = Vec<(Vec<u8>, Vec<u8>)>;
@@ -106,7 +106,7 @@ impl Durable {
 #[derive(Debug, Clone, Default, PartialEq, Eq, Hash)]
 pub struct MemoryViews {
     /// Each open view's copy of the applied state, by shard and view.
-    views: BTreeMap<(u16, ViewId), BTreeMap<Vec<u8>, Vec<u8>>>,
+    views: BTreeMap<(u16, ViewId), KvState>,
 }
 
 impl MemoryViews {
@@ -168,17 +168,8 @@ impl MemoryViews {
 
 /// The pairs of `kv` after `after`, up to about `max_bytes` (at least one), and whether they
 /// are the last.
-fn chunk_after(
-    kv: &BTreeMap<Vec<u8>, Vec<u8>>,
-    after: Option<&[u8]>,
-    max_bytes: usize,
-) -> (Pairs, bool) {
-    use std::ops::Bound;
-    let start = match after {
-        Some(key) => Bound::Excluded(key),
-        None => Bound::Unbounded,
-    };
-    let mut rows = kv.range::<[u8], _>((start, Bound::Unbounded)).peekable();
+fn chunk_after(kv: &KvState, after: Option<&[u8]>, max_bytes: usize) -> (Pairs, bool) {
+    let mut rows = kv.iter_after(after).peekable();
     let mut pairs = Vec::new();
     let mut size = 0usize;
     while let Some((key, value)) = rows.peek() {
@@ -187,7 +178,7 @@ fn chunk_after(
             break;
         }
         size += pair;
-        pairs.push(((*key).clone(), (*value).clone()));
+        pairs.push((key.to_vec(), value.to_vec()));
         rows.next();
     }
     let last = rows.peek().is_none();

@@ -417,10 +417,7 @@ impl PairHasher {
 /// chunks of about `chunk_bytes` of keys and values, each hashed (blake3 over length-prefixed
 /// keys and values, first 16 bytes). Two copies hold the same state exactly when their lists
 /// are equal (up to blake3 collisions); the first differing chunk says where they part.
-pub fn copy_checksums(
-    kv: &std::collections::BTreeMap<Vec<u8>, Vec<u8>>,
-    chunk_bytes: usize,
-) -> Vec<[u8; 16]> {
+pub fn copy_checksums(kv: &super::KvState, chunk_bytes: usize) -> Vec<[u8; 16]> {
     fn finish(hasher: &blake3::Hasher) -> [u8; 16] {
         let mut out = [0; 16];
         out.copy_from_slice(&hasher.finalize().as_bytes()[..16]);

@@ -510,7 +510,7 @@ fn an_isolated_leader_stops_acknowledging_and_the_majority_moves_on() {
             .durable()
             .kv
             .get(b"k".as_slice())
-            .cloned();
+            .map(<[u8]>::to_vec);
         assert_eq!(
             value,
             Some(b"y".to_vec()),

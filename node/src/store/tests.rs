@@ -718,7 +718,7 @@ fn an_applied_entry_is_found_in_the_batch_the_log_table_or_the_write_ahead_log()
     model.fold();
     assert_eq!(shards, model.shards);
     let kv = &shards[&3].kv;
-    assert_eq!(kv.get(&b"a"[..]), Some(&b"3".to_vec()));
+    assert_eq!(kv.get(&b"a"[..]), Some(&b"3"[..]));
     assert_eq!(kv.get(&b"b"[..]), None);
     assert_eq!(shards[&3].applied, 4);
 }

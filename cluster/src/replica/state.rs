@@ -1,0 +1,417 @@
+//! [`KvState`]: a replica's key-value state in memory, as a sorted image and the writes since.
+//!
+//! A map with an allocation per key and per value cost about 250 bytes of memory for a pair of
+//! 16 and 100 bytes, and a joining node paid for each of them in fresh pages the kernel zeroes
+//! (BENCHMARKS.md, issue 6, session 32). Here most pairs live in one [`StateImage`] per shard,
+//! with an index of where each pair starts; only the writes since the image was made live in a
+//! small map on top of it, and once that map holds half as many keys as the image, the two are
+//! merged into a new image. An installed snapshot's image becomes the state as it is, shared
+//! with the change that stores it.
+//!
+//! It is not a general-purpose map: keys and values are copied in and read back as slices,
+//! nothing is borrowed mutably, and a merge copies the whole shard (amortized, a few pairs
+//! per write).
+
+use std::cmp::Ordering;
+use std::collections::{BTreeMap, btree_map};
+use std::fmt;
+use std::hash::{Hash, Hasher};
+use std::iter::Peekable;
+use std::ops::Bound;
+
+use super::image::{ImageBuilder, ImagePairs, StateImage, pair_size, split_bytes};
+
+/// Writes on top of an image are merged into it once they are this many, or half the image's
+/// pairs if that is more.
+const MERGE_AT_LEAST: usize = 64;
+
+/// A key-value state: an image and the writes made since. Equal states compare and hash equal
+/// however their pairs are split between the two.
+#[derive(Clone, Default)]
+pub struct KvState {
+    /// The pairs as of the last merge or install.
+    base: StateImage,
+    /// Where each of `base`'s pairs starts in its bytes, in key order.
+    starts: Vec<usize>,
+    /// Writes since: a value, or `None` for a key deleted from `base`. A key absent from
+    /// `base` is never `None` here.
+    writes: BTreeMap<Vec<u8>, Option<Vec<u8>>>,
+    /// How many keys the state holds.
+    len: usize,
+}
+
+impl KvState {
+    /// An empty state.
+    pub fn new() -> Self {
+        KvState::default()
+    }
+
+    /// The state `image` holds; it shares the image's bytes.
+    pub fn from_image(image: StateImage) -> Self {
+        let mut starts = Vec::with_capacity(image.len());
+        let bytes = image.bytes();
+        let mut at = 0;
+        while starts.len() < image.len() {
+            let Some((_, rest)) = split_bytes(&bytes[at..]) else {
+                break;
+            };
+            let Some((_, rest)) = split_bytes(rest) else {
+                break;
+            };
+            starts.push(at);
+            at = bytes.len() - rest.len();
+        }
+        KvState {
+            len: starts.len(),
+            base: image,
+            starts,
+            writes: BTreeMap::new(),
+        }
+    }
+
+    /// How many keys it holds.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Whether it holds no key.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// The value of `key`.
+    pub fn get(&self, key: &[u8]) -> Option<&[u8]> {
+        match self.writes.get(key) {
+            Some(written) => written.as_deref(),
+            None => self.base_get(key),
+        }
+    }
+
+    /// Whether it holds `key`.
+    pub fn contains_key(&self, key: &[u8]) -> bool {
+        self.get(key).is_some()
+    }
+
+    /// Sets `key` to `value`. An overwrite since the last merge keeps the value's allocation
+    /// when it is not much larger than the new value.
+    pub fn insert(&mut self, key: &[u8], value: &[u8]) {
+        if let Some(written) = self.writes.get_mut(key) {
+            match written {
+                Some(held) if held.capacity() <= 2 * value.len() + 64 => {
+                    held.clear();
+                    held.extend_from_slice(value);
+                }
+                _ => {
+                    if written.is_none() {
+                        self.len += 1;
+                    }
+                    *written = Some(value.to_vec());
+                }
+            }
+            return;
+        }
+        if self.base_get(key).is_none() {
+            self.len += 1;
+        }
+        self.writes.insert(key.to_vec(), Some(value.to_vec()));
+        self.merge_if_due();
+    }
+
+    /// Deletes `key`, if held.
+    pub fn remove(&mut self, key: &[u8]) {
+        let in_base = self.base_get(key).is_some();
+        match self.writes.get_mut(key) {
+            Some(written) => {
+                if written.is_some() {
+                    self.len -= 1;
+                }
+                if in_base {
+                    *written = None;
+                } else {
+                    self.writes.remove(key);
+                }
+            }
+            None if in_base => {
+                self.len -= 1;
+                self.writes.insert(key.to_vec(), None);
+                self.merge_if_due();
+            }
+            None => {}
+        }
+    }
+
+    /// Deletes every key.
+    pub fn clear(&mut self) {
+        *self = KvState::new();
+    }
+
+    /// The pairs in key order.
+    pub fn iter(&self) -> Pairs<'_> {
+        Pairs {
+            base: self.base.iter().peekable(),
+            writes: self.writes.range::<[u8], _>(..).peekable(),
+        }
+    }
+
+    /// The pairs after `after` (all of them for `None`), in key order.
+    pub fn iter_after(&self, after: Option<&[u8]>) -> Pairs<'_> {
+        let Some(after) = after else {
+            return self.iter();
+        };
+        let index = self
+            .starts
+            .partition_point(|&start| self.key_at(start) <= after);
+        let offset = self
+            .starts
+            .get(index)
+            .copied()
+            .unwrap_or(self.base.bytes().len());
+        Pairs {
+            base: self.base.pairs_from(index, offset).peekable(),
+            writes: self
+                .writes
+                .range::<[u8], _>((Bound::Excluded(after), Bound::Unbounded))
+                .peekable(),
+        }
+    }
+
+    /// The state as one image: the base itself when nothing was written since (no copy).
+    pub fn to_image(&self) -> StateImage {
+        if self.writes.is_empty() {
+            return self.base.clone();
+        }
+        let size = self.base.encoded_len()
+            + self
+                .writes
+                .iter()
+                .map(|(key, value)| value.as_ref().map_or(0, |value| pair_size(key, value)))
+                .sum::<usize>();
+        let mut builder = ImageBuilder::with_capacity(size);
+        for (key, value) in self.iter() {
+            // The pairs come sorted and unique, so this never refuses one.
+            let _ = builder.push(key, value);
+        }
+        builder.finish()
+    }
+
+    /// The value of `key` in the base.
+    fn base_get(&self, key: &[u8]) -> Option<&[u8]> {
+        let at = self
+            .starts
+            .binary_search_by(|&start| self.key_at(start).cmp(key))
+            .ok()?;
+        let (_, rest) = split_bytes(&self.base.bytes()[self.starts[at]..])?;
+        split_bytes(rest).map(|(value, _)| value)
+    }
+
+    /// The key of the base pair that starts at `start`.
+    fn key_at(&self, start: usize) -> &[u8] {
+        split_bytes(&self.base.bytes()[start..]).map_or(&[][..], |(key, _)| key)
+    }
+
+    /// Merges the writes into a new base once they are many enough.
+    fn merge_if_due(&mut self) {
+        if self.writes.len() >= MERGE_AT_LEAST.max(self.starts.len() / 2) {
+            *self = KvState::from_image(self.to_image());
+        }
+    }
+}
+
+impl From<StateImage> for KvState {
+    fn from(image: StateImage) -> Self {
+        KvState::from_image(image)
+    }
+}
+
+impl From<&BTreeMap<Vec<u8>, Vec<u8>>> for KvState {
+    fn from(map: &BTreeMap<Vec<u8>, Vec<u8>>) -> Self {
+        KvState::from_image(StateImage::from_map(map))
+    }
+}
+
+impl PartialEq for KvState {
+    fn eq(&self, other: &Self) -> bool {
+        self.len == other.len && self.iter().eq(other.iter())
+    }
+}
+
+impl Eq for KvState {}
+
+impl Hash for KvState {
+    fn hash<H: Hasher>(&self, state: &mut H) {
+        self.len.hash(state);
+        for pair in self.iter() {
+            pair.hash(state);
+        }
+    }
+}
+
+impl fmt::Debug for KvState {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_map().entries(self.iter()).finish()
+    }
+}
+
+impl<'a> IntoIterator for &'a KvState {
+    type Item = (&'a [u8], &'a [u8]);
+    type IntoIter = Pairs<'a>;
+    fn into_iter(self) -> Pairs<'a> {
+        self.iter()
+    }
+}
+
+/// The pairs of a [`KvState`] in key order: its base's and its writes', the writes winning.
+pub struct Pairs<'a> {
+    base: Peekable<ImagePairs<'a>>,
+    writes: Peekable<btree_map::Range<'a, Vec<u8>, Option<Vec<u8>>>>,
+}
+
+impl<'a> Iterator for Pairs<'a> {
+    type Item = (&'a [u8], &'a [u8]);
+
+    fn next(&mut self) -> Option<Self::Item> {
+        loop {
+            let order = match (self.base.peek(), self.writes.peek()) {
+                (None, None) => return None,
+                (Some(_), None) => Ordering::Less,
+                (None, Some(_)) => Ordering::Greater,
+                (Some((base_key, _)), Some((written_key, _))) => {
+                    (*base_key).cmp(written_key.as_slice())
+                }
+            };
+            if order == Ordering::Less {
+                return self.base.next();
+            }
+            if order == Ordering::Equal {
+                self.base.next();
+            }
+            if let Some((key, Some(value))) = self.writes.next() {
+                return Some((key, value));
+            }
+        }
+    }
+}
+
+impl fmt::Debug for Pairs<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Pairs").finish_non_exhaustive()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    #[derive(Debug, Clone)]
+    enum Step {
+        Insert(u8, Vec<u8>),
+        Remove(u8),
+        Clear,
+        Reimage,
+    }
+
+    fn step() -> impl Strategy<Value = Step> {
+        prop_oneof![
+            10 => (any::<u8>(), proptest::collection::vec(any::<u8>(), 0..40))
+                .prop_map(|(key, value)| Step::Insert(key, value)),
+            6 => any::<u8>().prop_map(Step::Remove),
+            1 => Just(Step::Clear),
+            1 => Just(Step::Reimage),
+        ]
+    }
+
+    /// Keys of one to three bytes, so orders and prefixes both occur.
+    fn key(k: u8) -> Vec<u8> {
+        let mut key = vec![k % 7];
+        key.extend(std::iter::repeat_n(k, usize::from(k % 3)));
+        key
+    }
+
+    proptest! {
+        /// A state behaves as a `BTreeMap` under any writes, merges and installs.
+        #[test]
+        fn a_state_behaves_as_a_map(steps in proptest::collection::vec(step(), 0..600)) {
+            let mut model: BTreeMap<Vec<u8>, Vec<u8>> = BTreeMap::new();
+            let mut state = KvState::new();
+            for step in steps {
+                match step {
+                    Step::Insert(k, value) => {
+                        model.insert(key(k), value.clone());
+                        state.insert(&key(k), &value);
+                    }
+                    Step::Remove(k) => {
+                        model.remove(&key(k));
+                        state.remove(&key(k));
+                    }
+                    Step::Clear => {
+                        model.clear();
+                        state.clear();
+                    }
+                    Step::Reimage => state = KvState::from_image(state.to_image()),
+                }
+                prop_assert_eq!(state.len(), model.len());
+                for k in 0..=u8::MAX {
+                    prop_assert_eq!(state.get(&key(k)), model.get(&key(k)).map(Vec::as_slice));
+                }
+                let pairs: Vec<(&[u8], &[u8])> = state.iter().collect();
+                let expected: Vec<(&[u8], &[u8])> =
+                    model.iter().map(|(k, v)| (k.as_slice(), v.as_slice())).collect();
+                prop_assert_eq!(&pairs, &expected);
+                for k in 0..=u8::MAX {
+                    let after: Vec<(&[u8], &[u8])> = state.iter_after(Some(&key(k))).collect();
+                    let expected: Vec<(&[u8], &[u8])> = model
+                        .range::<[u8], _>((Bound::Excluded(key(k).as_slice()), Bound::Unbounded))
+                        .map(|(k, v)| (k.as_slice(), v.as_slice()))
+                        .collect();
+                    prop_assert_eq!(after, expected);
+                }
+                prop_assert_eq!(state.to_image().to_map(), model.clone());
+                prop_assert_eq!(&state, &KvState::from(&model));
+            }
+        }
+    }
+
+    #[test]
+    fn equal_states_hash_equal_however_they_are_split() {
+        use std::hash::DefaultHasher;
+        let hash = |state: &KvState| {
+            let mut hasher = DefaultHasher::new();
+            state.hash(&mut hasher);
+            hasher.finish()
+        };
+        let mut written = KvState::new();
+        for k in 0..10u8 {
+            written.insert(&[k], &[k; 3]);
+        }
+        let imaged = KvState::from_image(written.to_image());
+        assert!(imaged.writes.is_empty());
+        assert!(!written.writes.is_empty());
+        assert_eq!(written, imaged);
+        assert_eq!(hash(&written), hash(&imaged));
+    }
+
+    #[test]
+    fn writes_are_merged_into_the_image_once_they_are_many() {
+        let mut state = KvState::new();
+        for k in 0..1000u32 {
+            state.insert(&k.to_be_bytes(), b"value");
+        }
+        assert_eq!(state.len(), 1000);
+        assert!(state.writes.len() < 1000 / 2 + MERGE_AT_LEAST);
+        assert!(state.starts.len() > 500);
+    }
+
+    #[test]
+    fn an_image_becomes_the_state_without_a_copy() {
+        let map = BTreeMap::from([(b"a".to_vec(), b"1".to_vec()), (b"b".to_vec(), vec![])]);
+        let image = StateImage::from_map(&map);
+        let state = KvState::from_image(image.clone());
+        assert!(std::ptr::eq(
+            state.to_image().bytes().as_ptr(),
+            image.bytes().as_ptr()
+        ));
+        assert_eq!(state.get(b"b"), Some(&b""[..]));
+        assert_eq!(state.get(b"c"), None);
+    }
+}
