@@ -33,11 +33,8 @@ pub struct KvState {
     base: StateImage,
     /// Where each of `base`'s pairs starts in its bytes, in key order.
     starts: Vec<usize>,
-    /// Writes since: a value, or `None` for a key deleted from `base`. A key absent from
-    /// `base` is never `None` here.
+    /// Writes since: a value, or `None` for a deleted key (which `base` may or may not hold).
     writes: BTreeMap<Vec<u8>, Option<Vec<u8>>>,
-    /// How many keys the state holds.
-    len: usize,
 }
 
 impl KvState {
@@ -62,21 +59,30 @@ impl KvState {
             at = bytes.len() - rest.len();
         }
         KvState {
-            len: starts.len(),
             base: image,
             starts,
             writes: BTreeMap::new(),
         }
     }
 
-    /// How many keys it holds.
+    /// How many keys it holds. Counted, not kept: it looks each write since the last merge up
+    /// in the base, which a write itself does not do (on a loaded node that search, a cache
+    /// miss or several in a large image, was most of what applying a write cost).
     pub fn len(&self) -> usize {
-        self.len
+        let mut len = self.starts.len();
+        for (key, value) in &self.writes {
+            match (self.base_get(key).is_some(), value.is_some()) {
+                (false, true) => len += 1,
+                (true, false) => len -= 1,
+                _ => {}
+            }
+        }
+        len
     }
 
     /// Whether it holds no key.
     pub fn is_empty(&self) -> bool {
-        self.len == 0
+        self.iter().next().is_none()
     }
 
     /// The value of `key`.
@@ -101,17 +107,9 @@ impl KvState {
                     held.clear();
                     held.extend_from_slice(value);
                 }
-                _ => {
-                    if written.is_none() {
-                        self.len += 1;
-                    }
-                    *written = Some(value.to_vec());
-                }
+                _ => *written = Some(value.to_vec()),
             }
             return;
-        }
-        if self.base_get(key).is_none() {
-            self.len += 1;
         }
         self.writes.insert(key.to_vec(), Some(value.to_vec()));
         self.merge_if_due();
@@ -119,24 +117,12 @@ impl KvState {
 
     /// Deletes `key`, if held.
     pub fn remove(&mut self, key: &[u8]) {
-        let in_base = self.base_get(key).is_some();
         match self.writes.get_mut(key) {
-            Some(written) => {
-                if written.is_some() {
-                    self.len -= 1;
-                }
-                if in_base {
-                    *written = None;
-                } else {
-                    self.writes.remove(key);
-                }
-            }
-            None if in_base => {
-                self.len -= 1;
+            Some(written) => *written = None,
+            None => {
                 self.writes.insert(key.to_vec(), None);
                 self.merge_if_due();
             }
-            None => {}
         }
     }
 
@@ -231,7 +217,7 @@ impl From<&BTreeMap<Vec<u8>, Vec<u8>>> for KvState {
 
 impl PartialEq for KvState {
     fn eq(&self, other: &Self) -> bool {
-        self.len == other.len && self.iter().eq(other.iter())
+        self.iter().eq(other.iter())
     }
 }
 
@@ -239,10 +225,12 @@ impl Eq for KvState {}
 
 impl Hash for KvState {
     fn hash<H: Hasher>(&self, state: &mut H) {
-        self.len.hash(state);
+        let mut len = 0usize;
         for pair in self.iter() {
             pair.hash(state);
+            len += 1;
         }
+        len.hash(state);
     }
 }
 
