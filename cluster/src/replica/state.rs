@@ -33,8 +33,16 @@ pub struct KvState {
     base: StateImage,
     /// Where each of `base`'s pairs starts in its bytes, in key order.
     starts: Vec<usize>,
-    /// Writes since: a value, or `None` for a deleted key (which `base` may or may not hold).
+    /// The [`key_prefix`] of each of `base`'s keys, beside `starts`: a search compares these
+    /// first, in one array, and reads a key out of the image only among equal prefixes (with
+    /// every comparison reading a key at its own place in the image, a search was a cache
+    /// miss per step, and on a loaded node most of what applying a write cost).
+    prefixes: Vec<u64>,
+    /// Writes since: a value, or `None` for a key deleted from `base`. A key absent from
+    /// `base` is never `None` here.
     writes: BTreeMap<Vec<u8>, Option<Vec<u8>>>,
+    /// How many keys the state holds.
+    len: usize,
 }
 
 impl KvState {
@@ -46,43 +54,37 @@ impl KvState {
     /// The state `image` holds; it shares the image's bytes.
     pub fn from_image(image: StateImage) -> Self {
         let mut starts = Vec::with_capacity(image.len());
+        let mut prefixes = Vec::with_capacity(image.len());
         let bytes = image.bytes();
         let mut at = 0;
         while starts.len() < image.len() {
-            let Some((_, rest)) = split_bytes(&bytes[at..]) else {
+            let Some((key, rest)) = split_bytes(&bytes[at..]) else {
                 break;
             };
             let Some((_, rest)) = split_bytes(rest) else {
                 break;
             };
             starts.push(at);
+            prefixes.push(key_prefix(key));
             at = bytes.len() - rest.len();
         }
         KvState {
+            len: starts.len(),
             base: image,
             starts,
+            prefixes,
             writes: BTreeMap::new(),
         }
     }
 
-    /// How many keys it holds. Counted, not kept: it looks each write since the last merge up
-    /// in the base, which a write itself does not do (on a loaded node that search, a cache
-    /// miss or several in a large image, was most of what applying a write cost).
+    /// How many keys it holds.
     pub fn len(&self) -> usize {
-        let mut len = self.starts.len();
-        for (key, value) in &self.writes {
-            match (self.base_get(key).is_some(), value.is_some()) {
-                (false, true) => len += 1,
-                (true, false) => len -= 1,
-                _ => {}
-            }
-        }
-        len
+        self.len
     }
 
     /// Whether it holds no key.
     pub fn is_empty(&self) -> bool {
-        self.iter().next().is_none()
+        self.len == 0
     }
 
     /// The value of `key`.
@@ -107,9 +109,17 @@ impl KvState {
                     held.clear();
                     held.extend_from_slice(value);
                 }
-                _ => *written = Some(value.to_vec()),
+                _ => {
+                    if written.is_none() {
+                        self.len += 1;
+                    }
+                    *written = Some(value.to_vec());
+                }
             }
             return;
+        }
+        if self.base_get(key).is_none() {
+            self.len += 1;
         }
         self.writes.insert(key.to_vec(), Some(value.to_vec()));
         self.merge_if_due();
@@ -117,12 +127,24 @@ impl KvState {
 
     /// Deletes `key`, if held.
     pub fn remove(&mut self, key: &[u8]) {
+        let in_base = self.base_get(key).is_some();
         match self.writes.get_mut(key) {
-            Some(written) => *written = None,
-            None => {
+            Some(written) => {
+                if written.is_some() {
+                    self.len -= 1;
+                }
+                if in_base {
+                    *written = None;
+                } else {
+                    self.writes.remove(key);
+                }
+            }
+            None if in_base => {
+                self.len -= 1;
                 self.writes.insert(key.to_vec(), None);
                 self.merge_if_due();
             }
+            None => {}
         }
     }
 
@@ -144,9 +166,10 @@ impl KvState {
         let Some(after) = after else {
             return self.iter();
         };
-        let index = self
-            .starts
-            .partition_point(|&start| self.key_at(start) <= after);
+        let index = match self.base_search(after) {
+            Ok(at) => at + 1,
+            Err(at) => at,
+        };
         let offset = self
             .starts
             .get(index)
@@ -182,12 +205,21 @@ impl KvState {
 
     /// The value of `key` in the base.
     fn base_get(&self, key: &[u8]) -> Option<&[u8]> {
-        let at = self
-            .starts
-            .binary_search_by(|&start| self.key_at(start).cmp(key))
-            .ok()?;
+        let at = self.base_search(key).ok()?;
         let (_, rest) = split_bytes(&self.base.bytes()[self.starts[at]..])?;
         split_bytes(rest).map(|(value, _)| value)
+    }
+
+    /// Where `key` is among the base's keys: `Ok` with its index, or `Err` with the index of
+    /// the first key after it.
+    fn base_search(&self, key: &[u8]) -> Result<usize, usize> {
+        let prefix = key_prefix(key);
+        let first = self.prefixes.partition_point(|&other| other < prefix);
+        let equal = self.prefixes[first..].partition_point(|&other| other == prefix);
+        self.starts[first..first + equal]
+            .binary_search_by(|&start| self.key_at(start).cmp(key))
+            .map(|at| first + at)
+            .map_err(|at| first + at)
     }
 
     /// The key of the base pair that starts at `start`.
@@ -201,6 +233,16 @@ impl KvState {
             *self = KvState::from_image(self.to_image());
         }
     }
+}
+
+/// The first eight bytes of `key`, zero-padded, as a big-endian number: keys whose prefixes
+/// differ are in the order of their prefixes; keys with equal prefixes need their bytes
+/// compared (`a` and `a\0` among them).
+fn key_prefix(key: &[u8]) -> u64 {
+    let mut bytes = [0u8; 8];
+    let len = key.len().min(8);
+    bytes[..len].copy_from_slice(&key[..len]);
+    u64::from_be_bytes(bytes)
 }
 
 impl From<StateImage> for KvState {
@@ -217,7 +259,7 @@ impl From<&BTreeMap<Vec<u8>, Vec<u8>>> for KvState {
 
 impl PartialEq for KvState {
     fn eq(&self, other: &Self) -> bool {
-        self.iter().eq(other.iter())
+        self.len == other.len && self.iter().eq(other.iter())
     }
 }
 
@@ -225,12 +267,10 @@ impl Eq for KvState {}
 
 impl Hash for KvState {
     fn hash<H: Hasher>(&self, state: &mut H) {
-        let mut len = 0usize;
+        self.len.hash(state);
         for pair in self.iter() {
             pair.hash(state);
-            len += 1;
         }
-        len.hash(state);
     }
 }
 
@@ -309,11 +349,18 @@ mod tests {
         ]
     }
 
-    /// Keys of one to three bytes, so orders and prefixes both occur.
+    /// Keys of one to three bytes, so orders and prefixes both occur; keys longer than the
+    /// eight bytes of a search prefix that share one; and keys that differ from a one-byte key
+    /// only by zero bytes, which pad a short key's prefix.
     fn key(k: u8) -> Vec<u8> {
-        let mut key = vec![k % 7];
-        key.extend(std::iter::repeat_n(k, usize::from(k % 3)));
-        key
+        let mut short = vec![k % 7];
+        short.extend(std::iter::repeat_n(k, usize::from(k % 3)));
+        match k % 4 {
+            0 => [&b"a shared prefix:"[..], &short].concat(),
+            1 => vec![k % 7, 0],
+            2 => vec![k % 7, 0, 0, 0, 0, 0, 0, 0, k],
+            _ => short,
+        }
     }
 
     proptest! {
