@@ -36,7 +36,7 @@ pub struct KvState {
     /// The [`key_prefix`] of each of `base`'s keys, beside `starts`: a search compares these
     /// first, in one array, and reads a key out of the image only among equal prefixes (with
     /// every comparison reading a key at its own place in the image, a search was a cache
-    /// miss per step, and on a loaded node most of what applying a write cost).
+    /// miss per step: a third of what applying a write cost on a loaded node).
     prefixes: Vec<u64>,
     /// Writes since: a value, or `None` for a key deleted from `base`. A key absent from
     /// `base` is never `None` here.
