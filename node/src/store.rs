@@ -223,9 +223,15 @@ struct Folder {
     fail_after_parts: Option<usize>,
 }
 
-/// About how many bytes of log records one transaction of a fold applies: at full load a
-/// node's 2 s fold carries ~10 MB, so it commits in the [`FOLD_PARTS_MAX`] parts.
-const FOLD_PART_BYTES: usize = 512 << 10;
+/// About how many bytes of log records one transaction of a fold applies. In a large table
+/// each key written dirties a page of its own, so a part writes far more than its records:
+/// 64 KiB of records (~400 writes of 100 B) are ~1.6 MB of 4 KiB pages, which reach the disk
+/// at the part's commit, where a group commit's `fdatasync` on the same disk waits behind
+/// them. Parts this small keep that wait short: writes paced at 2,000/s on 3 nodes holding
+/// 1M keys had a p99 of 8.4-8.6 ms against 11.4-21.2 ms with 512 KiB parts (BENCHMARKS.md,
+/// issue 6, session 37). At full load a 2 s fold carries ~10 MB and still commits in
+/// [`FOLD_PARTS_MAX`] parts.
+const FOLD_PART_BYTES: usize = 64 << 10;
 /// The most parts a fold is split into.
 const FOLD_PARTS_MAX: usize = 16;
 /// The fold thread's pause between two parts of a fold: time for the disk to write one part
