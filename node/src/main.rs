@@ -70,7 +70,7 @@ fn keep_freed_memory_longer() -> bool {
 /// storage threads. With small pages, on 3 nodes: write p99 8.4 ms instead of 11.1 ms at the
 /// same ~18k writes/s, ×16 pipelined throughput unchanged, 20% less resident memory; during a
 /// join, idle p99 6.4 ms instead of 8.4 ms and the joiner's peak 235 MB instead of 260 MB
-/// (BENCHMARKS.md, issues 5 and 6, session 38).
+/// (BENCHMARKS.md, issues 5 and 6, sessions 38-39).
 ///
 /// Returns whether huge pages are off afterwards (false on a kernel without the call, which
 /// then runs the node as before).
