@@ -69,7 +69,8 @@ fn keep_freed_memory_longer() -> bool {
 /// the thread that touched it: a third of a joining node's event loop and a sixth of its
 /// storage threads. With small pages, on 3 nodes: write p99 8.4 ms instead of 11.1 ms at the
 /// same ~18k writes/s, ×16 pipelined throughput unchanged, 20% less resident memory; during a
-/// join, idle p99 6.4 ms instead of 8.4 ms and the joiner's peak 235 MB instead of 260 MB
+/// join (medians of six), idle p99 6.4 ms instead of 8.5 ms and during the join 22.2 ms instead
+/// of 26.4 ms; the joiner's peak 232-247 MB instead of 252-268 MB
 /// (BENCHMARKS.md, issues 5 and 6, sessions 38-39).
 ///
 /// Returns whether huge pages are off afterwards (false on a kernel without the call, which

@@ -71,6 +71,18 @@ pub(crate) fn under_writes(
 fn put_get_del_through_any_node() {
     let cluster = Cluster::launch_with("kv-basic", 3, FLAGS);
     wait_configs_match_target(&cluster, SHARDS, CONFIGS_SETTLE_WITHIN);
+    // The daemon runs without transparent huge pages (node's `use_small_pages`).
+    for node in cluster.nodes() {
+        let status = std::fs::read_to_string(format!("/proc/{}/status", node.pid()))
+            .expect("a node's /proc status");
+        assert!(
+            status
+                .lines()
+                .any(|line| line.split_whitespace().eq(["THP_enabled:", "0"])),
+            "{} runs with transparent huge pages: {status}",
+            node.id
+        );
+    }
     let client = cluster.client();
     let nodes = cluster.running();
 

@@ -494,6 +494,36 @@ fn a_retired_copy_stays_on_the_disk_until_dropped() {
     assert_eq!((rows(&store, 1), rows(&store, 2)), (0, 2), "dropped");
 }
 
+/// Clearing a shard's kv rows deletes all of them, over several of `clear_kv`'s batches, and
+/// none of the shards beside it.
+#[test]
+fn clearing_a_shard_larger_than_a_batch_leaves_its_neighbours() {
+    let keys = CLEAR_KV_BATCH * 2 + 3;
+    let dir = TempDir::new("clear-kv");
+    let store = Store::open(&dir.db(), TEST_CACHE).unwrap().store;
+    let rows = |shard: u16| {
+        let txn = store.folder.db.begin_read().unwrap();
+        let kv = txn.open_table(KV).unwrap();
+        kv.range::<(u16, &[u8])>(kv_range(shard)).unwrap().count()
+    };
+    let txn = store.folder.begin_write().unwrap();
+    {
+        let mut tables = Tables::open(&txn).unwrap();
+        for shard in [1, 2, 3] {
+            for key in 0..keys {
+                let key = format!("key:{key}");
+                tables
+                    .kv
+                    .insert((shard, key.as_bytes()), &b"v"[..])
+                    .unwrap();
+            }
+        }
+        tables.clear_kv(2).unwrap();
+    }
+    txn.commit().unwrap();
+    assert_eq!((rows(1), rows(2), rows(3)), (keys, 0, keys));
+}
+
 /// Changes the protocol never makes still follow `apply_change` exactly: truncating below the
 /// base or past the end, compacting backwards or past the end, appending after a tombstone, and
 /// one shard twice in a batch.
