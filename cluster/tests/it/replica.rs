@@ -366,6 +366,64 @@ fn the_first_ranked_voter_leads_and_writes_commit() {
 }
 
 #[test]
+fn a_read_round_goes_to_one_follower_and_around_a_silent_one() {
+    // R9 needs a majority's acknowledgements: with three voters, the leader and one follower.
+    for seed in seeds(20) {
+        let replay = format!(
+            "replay: SLOTRING_SEED={seed} cargo test -p cluster --test it \
+             a_read_round_goes_to_one_follower"
+        );
+        let mut group = Group::new(3, seed);
+        group.run(Duration::from_secs(1));
+        let leader = group.leader().expect("a leader within a second");
+        let put = ClientOp::Put {
+            key: b"k".to_vec(),
+            value: b"v".to_vec(),
+        };
+        group.client(leader, tag(1), put);
+        group.run(Duration::from_millis(50));
+        let get = || ClientOp::Get { key: b"k".to_vec() };
+        let value = Some(ClientReply::Ok {
+            value: Some(b"v".to_vec()),
+        });
+
+        let before = group.flights.len();
+        group.client(leader, tag(2), get());
+        let rounds_to: BTreeSet<_> = group.flights[before..]
+            .iter()
+            .filter(|(_, out)| matches!(out.message, Message::Append { .. }))
+            .map(|(_, out)| out.to.node.clone())
+            .collect();
+        assert_eq!(
+            rounds_to.len(),
+            1,
+            "one follower asked, not {rounds_to:?}; {replay}"
+        );
+        group.run(Duration::from_millis(10));
+        assert_eq!(group.replies.get(&tag(2)).cloned(), value, "{replay}");
+
+        // The follower asked goes silent: the read sent to it waits for a periodic round,
+        // but the next read goes to the other follower and is served at once.
+        let asked = (0..3)
+            .find(|&i| rounds_to.contains(&member(i).node))
+            .expect("a member");
+        group.cut.insert((leader, asked));
+        group.client(leader, tag(3), get());
+        group.run(Duration::from_millis(1));
+        group.client(leader, tag(4), get());
+        group.run(Duration::from_millis(10));
+        assert_eq!(
+            group.replies.get(&tag(4)).cloned(),
+            value,
+            "the read after went around the silent follower; {replay}"
+        );
+        group.run(Duration::from_millis(200));
+        assert_eq!(group.replies.get(&tag(3)).cloned(), value, "{replay}");
+        assert_eq!(group.leader(), Some(leader), "{replay}");
+    }
+}
+
+#[test]
 fn the_next_replica_takes_over_and_keeps_every_acknowledged_write() {
     for seed in seeds(20) {
         let mut group = Group::new(3, seed);
