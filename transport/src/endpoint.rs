@@ -10,8 +10,8 @@ use std::time::Duration;
 use bytes::Bytes;
 use quinn::crypto::rustls::{HandshakeData, QuicClientConfig, QuicServerConfig};
 use quinn::{
-    ConnectionError, IdleTimeout, ReadError, SendDatagramError, TransportConfig,
-    TransportErrorCode, VarInt, WriteError,
+    AckFrequencyConfig, ConnectionError, IdleTimeout, ReadError, SendDatagramError,
+    TransportConfig, TransportErrorCode, VarInt, WriteError,
 };
 use rustls_pki_types::CertificateDer;
 use tokio::runtime::Handle;
@@ -48,6 +48,24 @@ const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(1);
 /// open internet; a cluster's members sit in one network, where it only slows down the
 /// retransmission of a lost handshake packet (its first timeout is three times this).
 const INITIAL_RTT: Duration = Duration::from_millis(50);
+
+/// How many ack-eliciting packets a peer may take before it must acknowledge (QUIC's ACK
+/// frequency extension; without it, every second one). Peers in a cluster send both ways all
+/// the time, so an acknowledgement mostly rides on a packet going back anyway; sent on its own
+/// it costs a datagram and wakes the other side. Measured on 3 loopback nodes under unpipelined
+/// writes: a fifth fewer datagrams per write (1.22 to 0.96, all processes' `sendmsg`s). Below a fresh connection's
+/// congestion window (10 packets), so the first flights are acknowledged without waiting for
+/// the delay below.
+const ACK_ELICITING_THRESHOLD: VarInt = VarInt::from_u32(8);
+
+/// How long a peer may hold an acknowledgement back when fewer than
+/// [`ACK_ELICITING_THRESHOLD`] packets came (QUIC's default is 25 ms; quinn asks for no more
+/// than the path's RTT or 25 ms, whichever is larger). A lost packet is declared after about
+/// this much longer, and a sender short of congestion window waits up to this for it. A
+/// bulk stream is not slowed: quinn acknowledges what one receive call brings at once
+/// (a 400 KiB answer on loopback drew 11 acknowledgements for 307 datagrams with or without
+/// this setting).
+const MAX_ACK_DELAY: Duration = Duration::from_millis(5);
 
 /// Connection close code: a normal close (shutdown, forgotten).
 const CLOSE_NORMAL: VarInt = VarInt::from_u32(0);
@@ -1079,6 +1097,10 @@ fn transport_config(limits: &Limits) -> Result<Arc<TransportConfig>, BindError> 
         .max_concurrent_bidi_streams(VarInt::from_u32(limits.max_concurrent_bidi_streams))
         .max_concurrent_uni_streams(VarInt::from_u32(limits.max_concurrent_bidi_streams))
         .datagram_receive_buffer_size(Some(DATAGRAM_RECEIVE_BUFFER));
+    let mut acks = AckFrequencyConfig::default();
+    acks.ack_eliciting_threshold(ACK_ELICITING_THRESHOLD)
+        .max_ack_delay(Some(MAX_ACK_DELAY));
+    transport.ack_frequency_config(Some(acks));
     Ok(Arc::new(transport))
 }
 
