@@ -83,11 +83,14 @@ pub struct ReplicaConfig {
     /// Compact the log once this many applied entries sit after its base (R6): the base moves
     /// up to the applied index. A leader keeps the entries that followers heard from within
     /// `t_elect` still need, unless its log holds more than `4 × compact_after` entries. At
-    /// least 1. Default 1,000: the log is kept in memory, every shard's, and with 10,000 a node
+    /// least 1. Default 200: the log is kept in memory, every shard's, and with 10,000 a node
     /// of 1,024 shards holding 100-byte values grew by ~300 bytes per write it saw, towards
-    /// ~2.5 GB (BENCHMARKS.md, issue 5, session 18); 1,000 still lets a follower that was down
-    /// for a minute at 10 writes a second per shard catch up by `Append`s rather than by a
-    /// snapshot.
+    /// ~2.5 GB (BENCHMARKS.md, issue 5, session 18). With 1,000, ×16 writes took 50–55 µs of
+    /// node CPU each against 48–49 µs with 200, and a node held 290–320 MB against 190–210 MB
+    /// (session 40): fresh log memory is page faults, and a larger log is more cache misses.
+    /// 200 still lets a follower that was down for 20 s at 10 writes a second per shard catch
+    /// up by `Append`s; one down longer gets a snapshot, about 110 KB a shard at 1,000,000
+    /// keys of 100 bytes.
     pub compact_after: u64,
     /// The target size of a snapshot chunk in key and value bytes (a single larger pair
     /// travels alone). Up to `SNAPSHOT_WINDOW` (2) chunks per replica are in flight, and
@@ -177,7 +180,7 @@ impl Default for ReplicaConfig {
             t_disk: Duration::from_secs(2),
             max_adopt: 1024,
             max_append: 256,
-            compact_after: 1_000,
+            compact_after: 200,
             snapshot_chunk_bytes: 1 << 20,
             min_voters: 3,
             idle_heartbeat: Duration::from_secs(1),
