@@ -9,7 +9,7 @@ use std::time::Duration;
 use cluster::replica::{ClientOp, ClientReply, ReplicaConfig};
 
 use crate::net::{name, seeds};
-use crate::replica::{Group, member, tag};
+use crate::replica::{group_with_a_write, member, tag};
 
 fn lease_config() -> ReplicaConfig {
     ReplicaConfig {
@@ -30,24 +30,6 @@ fn node_without_leases() -> ReplicaConfig {
 
 fn get() -> ClientOp {
     ClientOp::Get { key: b"k".to_vec() }
-}
-
-/// A group of three with a leader that wrote `k = v`; returns the leader.
-fn group_with_a_write(seed: u64, config: ReplicaConfig) -> (Group, usize) {
-    let mut group = Group::with_config(3, 0, seed, config);
-    group.run(Duration::from_secs(1));
-    let leader = group.leader().expect("a leader within a second");
-    let put = ClientOp::Put {
-        key: b"k".to_vec(),
-        value: b"v".to_vec(),
-    };
-    group.client(leader, tag(1), put);
-    group.run(Duration::from_millis(200));
-    assert_eq!(
-        group.replies.get(&tag(1)),
-        Some(&ClientReply::Ok { value: None })
-    );
-    (group, leader)
 }
 
 #[test]

@@ -365,6 +365,24 @@ fn the_first_ranked_voter_leads_and_writes_commit() {
     }
 }
 
+/// A group of three with a leader that wrote `k = v`; returns the leader.
+pub(crate) fn group_with_a_write(seed: u64, config: ReplicaConfig) -> (Group, usize) {
+    let mut group = Group::with_config(3, 0, seed, config);
+    group.run(Duration::from_secs(1));
+    let leader = group.leader().expect("a leader within a second");
+    let put = ClientOp::Put {
+        key: b"k".to_vec(),
+        value: b"v".to_vec(),
+    };
+    group.client(leader, tag(1), put);
+    group.run(Duration::from_millis(200));
+    assert_eq!(
+        group.replies.get(&tag(1)),
+        Some(&ClientReply::Ok { value: None })
+    );
+    (group, leader)
+}
+
 #[test]
 fn a_read_round_goes_to_one_follower_and_around_a_silent_one() {
     // R9 needs a majority's acknowledgements: with three voters, the leader and one follower.
@@ -373,20 +391,16 @@ fn a_read_round_goes_to_one_follower_and_around_a_silent_one() {
             "replay: SLOTRING_SEED={seed} cargo test -p cluster --test it \
              a_read_round_goes_to_one_follower"
         );
-        let mut group = Group::new(3, seed);
-        group.run(Duration::from_secs(1));
-        let leader = group.leader().expect("a leader within a second");
-        let put = ClientOp::Put {
-            key: b"k".to_vec(),
-            value: b"v".to_vec(),
-        };
-        group.client(leader, tag(1), put);
-        group.run(Duration::from_millis(50));
+        let (mut group, leader) = group_with_a_write(seed, ReplicaConfig::default());
         let get = || ClientOp::Get { key: b"k".to_vec() };
         let value = Some(ClientReply::Ok {
             value: Some(b"v".to_vec()),
         });
 
+        // Nothing in flight: no follower has a round outstanding.
+        group
+            .time_until(Duration::from_millis(50), |group| group.flights.is_empty())
+            .unwrap_or_else(|| panic!("messages kept flying; {replay}"));
         let before = group.flights.len();
         group.client(leader, tag(2), get());
         let rounds_to: BTreeSet<_> = group.flights[before..]
