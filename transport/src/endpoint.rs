@@ -52,10 +52,10 @@ const INITIAL_RTT: Duration = Duration::from_millis(50);
 /// How many ack-eliciting packets a peer may take before it must acknowledge (QUIC's ACK
 /// frequency extension; without it, every second one). Peers in a cluster send both ways all
 /// the time, so an acknowledgement mostly rides on a packet going back anyway; sent on its own
-/// it costs a datagram and wakes the other side. Measured on 3 loopback nodes under unpipelined
-/// writes: a fifth fewer datagrams per write (1.22 to 0.96, all processes' `sendmsg`s). Below a fresh connection's
-/// congestion window (10 packets), so the first flights are acknowledged without waiting for
-/// the delay below.
+/// it costs a datagram and wakes the other side. Measured on 3 loopback nodes under
+/// unpipelined writes: a fifth fewer datagrams per write (1.22 to 0.96, all processes'
+/// `sendmsg`s). Below a fresh connection's congestion window (10 packets), so the first
+/// flights are acknowledged without waiting for the delay below.
 const ACK_ELICITING_THRESHOLD: VarInt = VarInt::from_u32(8);
 
 /// How long a peer may hold an acknowledgement back when fewer than

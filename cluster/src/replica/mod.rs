@@ -3792,14 +3792,14 @@ impl ShardReplica {
         leader.round_wanted = false;
     }
 
-    /// R9: the round that reads arrived since the last one wait for, sent at once to every
-    /// member. Only that: check-quorum, reconfiguration and the periodic rounds' schedule
-    /// stay with [`heartbeat`](Self::heartbeat), so a shard read from faster than it
-    /// heartbeats does not pay for them on every read, nor push them back.
+    /// R9: the round that reads arrived since the last one wait for, sent at once. Only that:
+    /// check-quorum, reconfiguration and the periodic rounds' schedule stay with
+    /// [`heartbeat`](Self::heartbeat), so a shard read from faster than it heartbeats does not
+    /// pay for them on every read, nor push them back.
     ///
     /// A read needs the acknowledgements of a majority only, so the round goes to the fewest
     /// voters that make one with this leader ([`quickest_quorum`](Self::quickest_quorum)):
-    /// with three voters, one follower instead of two, a third fewer messages per read.
+    /// with three voters, one follower instead of two, half the peer messages per read.
     fn read_round(&mut self, now: Duration) {
         self.number_round(now);
         let only = self.quickest_quorum();
