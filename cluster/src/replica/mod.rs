@@ -2464,44 +2464,67 @@ impl ShardReplica {
                 if next > last && !((round || fresh) && window == 0) {
                     break;
                 }
-                let Some(prev) = self.durable.pos_at(next.saturating_sub(1)) else {
+                let Some((message, sent_to)) = self.append_from(&b, next, hb_seq, idle) else {
                     break;
                 };
-                let entries: Vec<Entry> = self
-                    .durable
-                    .entries_after(next.saturating_sub(1))
-                    .iter()
-                    .take(self.config.max_append)
-                    .cloned()
-                    .collect();
-                let sent_to = prev.index + entries.len() as u64;
-                sends.push((
-                    voter.clone(),
-                    Message::Append {
-                        b: b.clone(),
-                        prev,
-                        entries,
-                        commit: self.commit,
-                        hb_seq,
-                        idle,
-                    },
-                    sent_to,
-                ));
+                sends.push((voter.clone(), message, sent_to));
                 next = sent_to + 1;
             }
         }
-        let note_sends = !self.config.heartbeat_skip_recent.is_zero();
         for (voter, message, sent_to) in sends {
-            if let Role::Leader(leader) = &mut self.role {
-                leader.next.insert(voter.node.clone(), sent_to + 1);
-                leader.round_sent.insert(voter.node.clone(), hb_seq);
-                if note_sends {
-                    leader.appended_at.insert(voter.node.clone(), now);
-                }
-            }
-            self.send(voter, message, false);
+            self.send_append(now, voter, message, sent_to, hb_seq);
         }
         self.send_snapshots(&voters, needs_snapshot, round);
+    }
+
+    /// An `Append` of the entries from `next` on (at most `max_append`) and the index of its
+    /// last one, or `None` when the log no longer holds the entry before `next`.
+    fn append_from(
+        &self,
+        b: &Ballot,
+        next: u64,
+        hb_seq: u64,
+        idle: bool,
+    ) -> Option<(Message, u64)> {
+        let prev = self.durable.pos_at(next.saturating_sub(1))?;
+        let entries: Vec<Entry> = self
+            .durable
+            .entries_after(prev.index)
+            .iter()
+            .take(self.config.max_append)
+            .cloned()
+            .collect();
+        let sent_to = prev.index + entries.len() as u64;
+        let message = Message::Append {
+            b: b.clone(),
+            prev,
+            entries,
+            commit: self.commit,
+            hb_seq,
+            idle,
+        };
+        Some((message, sent_to))
+    }
+
+    /// Sends an `Append` built by [`append_from`](Self::append_from) and notes it: `next`
+    /// moves past it, and the round it carries is outstanding at `to`.
+    fn send_append(
+        &mut self,
+        now: Duration,
+        to: Member,
+        message: Message,
+        sent_to: u64,
+        hb_seq: u64,
+    ) {
+        let note_sends = !self.config.heartbeat_skip_recent.is_zero();
+        if let Role::Leader(leader) = &mut self.role {
+            leader.next.insert(to.node.clone(), sent_to + 1);
+            leader.round_sent.insert(to.node.clone(), hb_seq);
+            if note_sends {
+                leader.appended_at.insert(to.node.clone(), now);
+            }
+        }
+        self.send(to, message, false);
     }
 
     /// R6: drops the transfers to non-members and starts one for each member in `start`,
@@ -2573,6 +2596,8 @@ impl ShardReplica {
         }
         let b = leader.b.clone();
         let mut chunks = Vec::new();
+        // Members sent their last chunk just now, with that snapshot's base.
+        let mut tails = Vec::new();
         for send in leader.snapshots.values_mut() {
             let Some((base, _, _)) = &send.opened else {
                 continue;
@@ -2622,10 +2647,27 @@ impl ShardReplica {
                 };
                 chunks.push((send.to.clone(), message));
                 send.sent += 1;
+                if last {
+                    tails.push((send.to.clone(), base.pos.index));
+                }
             }
         }
+        let (hb_seq, idle) = (leader.hb_seq, leader.idle);
         for (to, message) in chunks {
             self.send(to, message, false);
+        }
+        // The entries after a snapshot's base follow its last chunk at once (in the same batch
+        // to that peer, so they normally arrive after it): the receiver makes both durable
+        // together and is caught up one round sooner than if they waited for its
+        // `SnapshotOk`. Arriving first, they are refused (`Conflict`), and the entries go
+        // after the `SnapshotOk` as before.
+        for (to, base) in tails {
+            if base >= self.durable.last().index {
+                continue;
+            }
+            if let Some((message, sent_to)) = self.append_from(&b, base + 1, hb_seq, idle) {
+                self.send_append(self.input_at, to, message, sent_to, hb_seq);
+            }
         }
     }
 
@@ -3232,7 +3274,10 @@ impl ShardReplica {
                 }
                 leader.fresh_from.insert(added.node.clone(), leader.hb_seq);
                 leader.matched.remove(&added.node);
-                leader.next.remove(&added.node);
+                // Taken to hold nothing, so it gets the log from the start, or a snapshot
+                // once the log is compacted, without a probe's round trip first. A copy it
+                // does hold (a member re-added) is replaced, or kept when it is newer.
+                leader.next.insert(added.node.clone(), 1);
                 leader.hb_acked.remove(&added.node);
                 leader.lease_acked.remove(&added.node);
                 leader.last_ack.remove(&added.node);

@@ -1451,9 +1451,9 @@ fn a_caught_up_learner_is_promoted_at_once() {
     }
 }
 
-/// A member just added is sent an `Append` at once, not at the leader's next heartbeat round:
-/// its answer (it holds nothing, say) decides whether it needs a snapshot, so waiting for the
-/// round added up to a heartbeat to every move.
+/// A member just added hears from its leader at once (here the log from the start: it is
+/// short), not at the leader's next heartbeat round: waiting for the round added up to a
+/// heartbeat to every move.
 #[test]
 fn a_new_learner_hears_from_its_leader_at_once() {
     for seed in seeds(10) {
@@ -1473,6 +1473,61 @@ fn a_new_learner_hears_from_its_leader_at_once() {
             took <= Duration::from_millis(5),
             "n3 heard its leader {took:?} after it was added; seed {seed}"
         );
+    }
+}
+
+/// A learner added behind the compacted base is sent its snapshot straight away, with no
+/// `Append` probe first (a probe's answer would only say it holds nothing, a round trip to
+/// a node that is busy installing), and the entries after the snapshot's base follow its last
+/// chunk at once, so the learner makes both durable together instead of answering the
+/// snapshot first and then being sent the entries.
+#[test]
+fn a_new_learner_gets_its_snapshot_unprobed_and_the_entries_after_it_at_once() {
+    for seed in seeds(10) {
+        let (mut group, _) = grow_to_four(seed);
+        let n3 = member(3).node;
+        group.drain(0);
+        // Each millisecond delivers every message in flight: what is in flight after one was
+        // sent during it, in the order sent.
+        let mut sent_to_n3: Vec<Message> = Vec::new();
+        let mut tail_followed = None;
+        for _ in 0..2000 {
+            let newly: Vec<Message> = group
+                .flights
+                .iter()
+                .filter(|(from, out)| from.node == member(0).node && out.to.node == n3)
+                .map(|(_, out)| out.message.clone())
+                .collect();
+            if let Some(at) = newly
+                .iter()
+                .position(|m| matches!(m, Message::Snapshot { last: true, .. }))
+            {
+                let Message::Snapshot { base, .. } = &newly[at] else {
+                    unreachable!()
+                };
+                tail_followed = Some(newly[at + 1..].iter().any(|m| {
+                    matches!(m, Message::Append { prev, entries, .. }
+                        if prev.index == base.index && !entries.is_empty())
+                }));
+            }
+            sent_to_n3.extend(newly);
+            if tail_followed.is_some() {
+                break;
+            }
+            group.run(Duration::from_millis(1));
+        }
+        assert!(
+            matches!(sent_to_n3.first(), Some(Message::Snapshot { seq: 0, .. })),
+            "the first message to the new learner is a snapshot chunk: {:?}; seed {seed}",
+            sent_to_n3.first()
+        );
+        assert_eq!(
+            tail_followed,
+            Some(true),
+            "the entries after the base follow the last chunk; seed {seed}"
+        );
+        group.run(Duration::from_millis(500));
+        assert_caught_up(&group, 0, 3);
     }
 }
 
