@@ -2548,6 +2548,14 @@ impl ShardReplica {
                 view,
                 at_least: self.durable.base.pos.index,
             });
+            // The first chunk is asked with the view, not once it is open: the shell answers
+            // a view's reads in order, so this saves a round trip to it per transfer.
+            self.reads.push_back(SnapshotRead::Chunk {
+                view,
+                seq: 0,
+                after: None,
+                max_bytes: self.config.snapshot_chunk_bytes,
+            });
             leader.snapshots.insert(
                 member.node.clone(),
                 SnapshotSend {
@@ -2558,7 +2566,7 @@ impl ShardReplica {
                     sizes: Vec::new(),
                     total: None,
                     cached: VecDeque::new(),
-                    reading: None,
+                    reading: Some(0),
                     acked: 0,
                     sent: 0,
                     progress: true,
