@@ -81,7 +81,8 @@ pub struct ReplicaConfig {
     /// The most entries in one `Append`. Default 256.
     pub max_append: usize,
     /// Compact the log once this many applied entries sit after its base (R6): the base moves
-    /// up to the applied index. A leader keeps the entries that followers heard from within
+    /// up to the applied index, less the last quarter of this many entries (the disk, where
+    /// snapshots are read, may lag the applied index by a fold). A leader keeps the entries that followers heard from within
     /// `t_elect` still need, unless its log holds more than `4 × compact_after` entries. At
     /// least 1. Default 200: the log is kept in memory, every shard's, and with 10,000 a node
     /// of 1,024 shards holding 100-byte values grew by ~300 bytes per write it saw, towards
@@ -2987,7 +2988,7 @@ impl ShardReplica {
     }
 
     /// Log compaction: once `compact_after` applied entries sit after the base, the base moves
-    /// up to the applied index; a leader keeps what the members it heard from within
+    /// up to the applied index less a quarter of `compact_after`; a leader keeps what the members it heard from within
     /// `t_elect` still need, unless its log is over the hard cap.
     fn maybe_compact(&mut self, now: Duration) {
         let every = self.config.compact_after.max(1);
@@ -2998,7 +2999,16 @@ impl ShardReplica {
         }
         let over_cap =
             self.durable.last().index.saturating_sub(base) > every.saturating_mul(COMPACT_HARD_CAP);
-        let mut upto = applied;
+        // The last quarter stays: a snapshot is read from the disk, whose state lags the
+        // applied index by the fold's delay, and is useless below the log's base. Compacted
+        // to the applied index, a shard whose move started soon after a compaction waited
+        // for the next fold, which under a join's load took 0.1-0.6 s (BENCHMARKS.md, issue
+        // 6, session 41).
+        let mut upto = if over_cap {
+            applied
+        } else {
+            applied.saturating_sub(every / 4)
+        };
         if let Role::Leader(leader) = &self.role
             && !over_cap
         {

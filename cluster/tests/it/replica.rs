@@ -957,6 +957,39 @@ fn compaction_keeps_the_entries_a_slow_live_follower_needs() {
     }
 }
 
+/// A compaction keeps the last quarter of `compact_after` applied entries, on the leader and
+/// the followers: a snapshot comes from the disk, which may lag the applied index by a fold,
+/// and the entries after it must still be in the log.
+#[test]
+fn compaction_keeps_the_last_quarter_of_the_applied_entries() {
+    for seed in seeds(4) {
+        let config = snapshot_config();
+        let keep = config.compact_after / 4;
+        let mut group = Group::with_config(3, 0, seed, config);
+        group.run(Duration::from_secs(1));
+        assert_eq!(group.leader(), Some(0));
+        let mut bases = [0u64; 3];
+        let mut compactions = 0;
+        for key in 0..60 {
+            group.client(0, tag(key), put(key));
+            group.run(Duration::from_millis(1));
+            for (i, seen) in bases.iter_mut().enumerate() {
+                let durable = durable(&group, i);
+                if durable.base.pos.index != *seen {
+                    *seen = durable.base.pos.index;
+                    compactions += 1;
+                    assert!(
+                        durable.applied >= *seen + keep,
+                        "n{i} compacted to {seen} with {} applied; seed {seed}",
+                        durable.applied
+                    );
+                }
+            }
+        }
+        assert!(compactions >= 9, "{compactions} compactions; seed {seed}");
+    }
+}
+
 #[test]
 fn a_promise_carries_no_suffix_for_a_candidate_behind_the_base() {
     let mut group = Group::with_config(3, 0, 4, snapshot_config());
