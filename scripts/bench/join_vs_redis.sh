@@ -41,6 +41,8 @@ SL_BASE=${SLOTRING_BASE_PORT:-7600}
 REDIS_BASE=${REDIS_BENCH_PORT:-7700}
 [[ $KEYS =~ ^[1-9][0-9]*$ && $RATE =~ ^[1-9][0-9]*$ && $WRITER_SECS =~ ^[1-9][0-9]*$ ]] ||
     { echo "KEYS, RATE and WRITER_SECS must be positive integers" >&2; exit 2; }
+# The joiner starts after the writer's first progress line, at about 1 s.
+((WRITER_SECS >= 2)) || { echo "WRITER_SECS must be at least 2" >&2; exit 2; }
 [[ -f .cluster/size ]] &&
     { echo "a cluster from scripts/cluster.sh already exists in .cluster: 'scripts/cluster.sh down --purge' first" >&2; exit 1; }
 

@@ -82,9 +82,9 @@ pub struct ReplicaConfig {
     pub max_append: usize,
     /// Compact the log once this many applied entries sit after its base (R6): the base moves
     /// up to the applied index, less the last quarter of this many entries (the disk, where
-    /// snapshots are read, may lag the applied index by a fold). A leader keeps the entries that followers heard from within
-    /// `t_elect` still need, unless its log holds more than `4 × compact_after` entries. At
-    /// least 1. Default 200: the log is kept in memory, every shard's, and with 10,000 a node
+    /// snapshots are read, may lag the applied index by a fold). A leader keeps the entries
+    /// that followers heard from within `t_elect` still need, unless its log holds more than
+    /// `4 × compact_after` entries. At least 1. Default 200: the log is kept in memory, every shard's, and with 10,000 a node
     /// of 1,024 shards holding 100-byte values grew by ~300 bytes per write it saw, towards
     /// ~2.5 GB (BENCHMARKS.md, issue 5, session 18). With 1,000, ×16 writes took 50–55 µs of
     /// node CPU each against 48–49 µs with 200, and a node held 290–320 MB against 190–210 MB
@@ -2988,8 +2988,8 @@ impl ShardReplica {
     }
 
     /// Log compaction: once `compact_after` applied entries sit after the base, the base moves
-    /// up to the applied index less a quarter of `compact_after`; a leader keeps what the members it heard from within
-    /// `t_elect` still need, unless its log is over the hard cap.
+    /// up to the applied index less a quarter of `compact_after`; a leader keeps what the
+    /// members it heard from within `t_elect` still need, unless its log is over the hard cap.
     fn maybe_compact(&mut self, now: Duration) {
         let every = self.config.compact_after.max(1);
         let base = self.durable.base.pos.index;

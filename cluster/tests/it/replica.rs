@@ -1401,6 +1401,54 @@ fn a_removed_voter_that_missed_its_removal_is_told_when_it_stands() {
     }
 }
 
+/// A transfer asks for its first chunk together with its view's open, before the shell has
+/// answered either: the shell answers a view's reads in order, so no round trip to it is
+/// spent waiting for the open.
+#[test]
+fn a_transfer_asks_its_first_chunk_with_its_open() {
+    for seed in seeds(10) {
+        let (mut group, _) = grow_to_four(seed);
+        group.hold_reads = true;
+        let deadline = group.now + Duration::from_secs(2);
+        while !group.held_reads.iter().any(|(i, _)| *i == 0) {
+            assert!(group.now < deadline, "no snapshot read asked; seed {seed}");
+            group.run(Duration::from_millis(1));
+        }
+        let asked: Vec<&SnapshotRead> = group
+            .held_reads
+            .iter()
+            .filter(|(i, _)| *i == 0)
+            .map(|(_, read)| read)
+            .collect();
+        let [
+            SnapshotRead::Open { view, .. },
+            SnapshotRead::Chunk {
+                view: chunk_view,
+                seq: 0,
+                after: None,
+                ..
+            },
+        ] = asked.as_slice()
+        else {
+            panic!("an open, then the first chunk of that view: {asked:?}; seed {seed}");
+        };
+        assert_eq!(view, chunk_view, "seed {seed}");
+        group.hold_reads = false;
+        let held = std::mem::take(&mut group.held_reads);
+        for (i, read) in held {
+            let saved = group.saved[i].clone();
+            if let Some(reply) = group.views[i].answer(42, Some(&saved), read) {
+                group.replicas[i]
+                    .as_mut()
+                    .unwrap()
+                    .handle_snapshot_read(group.now, reply);
+            }
+        }
+        group.run(Duration::from_millis(500));
+        assert_caught_up(&group, 0, 3);
+    }
+}
+
 /// A chunk the shell read leaves with the answer that brought it, not with the leader's next
 /// handler of that shard (a heartbeat round later when nothing else happens there).
 #[test]
