@@ -23,9 +23,6 @@ use crate::cli::{
 };
 use crate::{Output, QueryArgs};
 
-/// How often `--wait` asks.
-const POLL_EVERY: Duration = Duration::from_millis(250);
-
 /// `--wait` for `leave` and `rebalance`.
 #[derive(Debug, clap::Args)]
 pub(crate) struct WaitArgs {
@@ -37,6 +34,16 @@ pub(crate) struct WaitArgs {
     #[arg(long, env = "SLOTRING_WAIT_TIMEOUT", default_value_t = 3600,
         value_parser = clap::value_parser!(u64).range(1..=604_800))]
     pub(crate) wait_timeout: u64,
+    /// How often `--wait` asks the nodes, in milliseconds (10 to 60000). Each round is one
+    /// `status` request per live node; shorter rounds see the end of the moves sooner.
+    #[arg(long, default_value_t = 250, value_parser = clap::value_parser!(u64).range(10..=60_000))]
+    pub(crate) poll_ms: u64,
+}
+
+impl WaitArgs {
+    fn poll_every(&self) -> Duration {
+        Duration::from_millis(self.poll_ms)
+    }
 }
 
 /// Progress toward `total` moves: a bar on a terminal, else a line a second on stderr.
@@ -146,7 +153,7 @@ pub(crate) async fn leave(query: &QueryArgs, wait: &WaitArgs) -> Result<ExitCode
                 }
             }
         }
-        tokio::time::sleep(POLL_EVERY).await;
+        tokio::time::sleep(wait.poll_every()).await;
     };
     progress.finish();
     let secs = started.elapsed().as_secs_f64();
@@ -225,6 +232,39 @@ pub(crate) async fn rebalance(query: &QueryArgs, wait: &WaitArgs) -> Result<Exit
         progress
             .get_or_insert_with(|| Progress::new("shards moved", most))
             .show(most - count, most, &format!("({count} moving)"));
-        tokio::time::sleep(POLL_EVERY).await;
+        tokio::time::sleep(wait.poll_every()).await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+
+    #[derive(Debug, Parser)]
+    struct Wrapper {
+        #[command(flatten)]
+        wait: WaitArgs,
+    }
+
+    fn parse(argv: &[&str]) -> Result<WaitArgs, String> {
+        let argv = std::iter::once("node").chain(argv.iter().copied());
+        Wrapper::try_parse_from(argv)
+            .map(|wrapper| wrapper.wait)
+            .map_err(|e| e.to_string())
+    }
+
+    #[test]
+    fn wait_asks_every_250_ms_unless_told_and_refuses_intervals_out_of_range() {
+        assert_eq!(
+            parse(&["--wait"]).unwrap().poll_every(),
+            Duration::from_millis(250)
+        );
+        let fast = parse(&["--wait", "--poll-ms", "50"]).unwrap();
+        assert_eq!(fast.poll_every(), Duration::from_millis(50));
+        for bad in ["9", "60001", "0", "fast"] {
+            let error = parse(&["--wait", "--poll-ms", bad]).unwrap_err();
+            assert!(error.contains("--poll-ms"), "{bad}: {error}");
+        }
     }
 }

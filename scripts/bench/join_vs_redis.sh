@@ -29,6 +29,7 @@
 #        WRITER_SECS=10: how long the paced writer runs for the join (it starts about a second
 #            before the joiner)
 #        SLOTRING_ONLY=1: skip Redis (for comparing two slotring builds, alternating)
+#        POLL_MS=50: how often `node rebalance --wait` asks the nodes whether moves are left
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 ROOT=$PWD
@@ -36,11 +37,14 @@ ROOT=$PWD
 KEYS=${KEYS:-1000000}
 RATE=${RATE:-2000}
 WRITER_SECS=${WRITER_SECS:-10}
+POLL_MS=${POLL_MS:-50}
 VALUE=100
 SL_BASE=${SLOTRING_BASE_PORT:-7600}
 REDIS_BASE=${REDIS_BENCH_PORT:-7700}
 [[ $KEYS =~ ^[1-9][0-9]*$ && $RATE =~ ^[1-9][0-9]*$ && $WRITER_SECS =~ ^[1-9][0-9]*$ ]] ||
     { echo "KEYS, RATE and WRITER_SECS must be positive integers" >&2; exit 2; }
+[[ $POLL_MS =~ ^[1-9][0-9]*$ ]] && ((POLL_MS >= 10 && POLL_MS <= 60000)) ||
+    { echo "POLL_MS must be an integer from 10 to 60000" >&2; exit 2; }
 # The joiner starts after the writer's first progress line, at about 1 s.
 ((WRITER_SECS >= 2)) || { echo "WRITER_SECS must be at least 2" >&2; exit 2; }
 [[ -f .cluster/size ]] &&
@@ -188,8 +192,10 @@ while :; do
     fi
     sleep 0.1
 done
-# Then one `node rebalance --wait`, which asks every node every 250 ms over one connection
-# each, until no leader reports a moving shard; done when `node check` then passes. (Polling
+# Then one `node rebalance --wait`, which asks every node every POLL_MS over one connection
+# each, until no leader reports a moving shard; done when `node check` then passes. (At its
+# default of 250 ms it saw the end of the moves 0.1-0.25 s late: BENCHMARKS.md, issue 6,
+# session 43.) (Polling
 # with a new CLI process and interpreter 10 times a second took 10-15% of this machine's two
 # cores from the join: BENCHMARKS.md, issue 6, session 24.) The check is an audit of the
 # moves, not one of them: it runs once the writer's window is over, which it would otherwise
@@ -199,7 +205,7 @@ done
 check_took=0
 while :; do
     ((SECONDS < deadline)) || { echo "the moves did not finish in 600 s" >&2; exit 1; }
-    if "$BIN" rebalance -a "$SEED" --wait --wait-timeout $((deadline - SECONDS + 1)) -o json \
+    if "$BIN" rebalance -a "$SEED" --wait --poll-ms "$POLL_MS" --wait-timeout $((deadline - SECONDS + 1)) -o json \
         >"$WORK/rebalance.json" 2>/dev/null; then
         moves_took=$(secs_since "$t0")
         if [[ -n $WRITER_PID ]]; then
