@@ -67,6 +67,11 @@ const ACK_ELICITING_THRESHOLD: VarInt = VarInt::from_u32(8);
 /// this setting).
 const MAX_ACK_DELAY: Duration = Duration::from_millis(5);
 
+/// The send priority of a message too long for a lane (a stream of its own): below the
+/// lanes' and the requests' default of 0, so quinn writes their frames first whenever both
+/// have data queued on one connection.
+const LARGE_MESSAGE_PRIORITY: i32 = -1;
+
 /// Connection close code: a normal close (shutdown, forgotten).
 const CLOSE_NORMAL: VarInt = VarInt::from_u32(0);
 /// Connection close code: the peer's certificate names no one we talk to, or not the node
@@ -736,6 +741,10 @@ impl Endpoint {
                     .open_uni()
                     .await
                     .map_err(|error| lost_to_request_error(to, &error))?;
+                // Below the lane: a snapshot chunk's packets go out after the small messages
+                // queued on the same connection (a follower's `Append`, its acknowledgement),
+                // not in turns with them. A stream already closed fails its write below.
+                let _ = send.set_priority(LARGE_MESSAGE_PRIORITY);
                 write_frame(&mut send, body)
                     .await
                     .map_err(|error| RequestError::Stream {
