@@ -195,12 +195,11 @@ while :; do
     fi
     sleep 0.1
 done
-# Then one `node rebalance --wait`, which asks every node every POLL_MS over one connection
-# each, until no leader reports a moving shard; done when `node check` then passes. (At its
-# default of 250 ms it saw the end of the moves 0.1-0.25 s late: BENCHMARKS.md, issue 6,
-# session 43.) (Polling
-# with a new CLI process and interpreter 10 times a second took 10-15% of this machine's two
-# cores from the join: BENCHMARKS.md, issue 6, session 24.) The check is an audit of the
+# Then one `node rebalance --wait`, which asks every node every POLL_MS milliseconds over one
+# connection each, until no leader reports a moving shard; done when `node check` then
+# passes. (At its default of 250 ms it saw the end of the moves 0.1-0.26 s late, BENCHMARKS.md,
+# issue 6, session 43; polling with a new CLI process and interpreter 10 times a second took
+# 10-15% of this machine's two cores from the join, session 24.) The check is an audit of the
 # moves, not one of them: it runs once the writer's window is over, which it would otherwise
 # share (every node hashes all it holds at once: the writer's p99 was 119-170 ms with it in
 # the window and 39-80 ms without, BENCHMARKS.md, issue 6, session 30), and the time it takes
@@ -208,8 +207,8 @@ done
 check_took=0
 while :; do
     ((SECONDS < deadline)) || { echo "the moves did not finish in 600 s" >&2; exit 1; }
-    if "$BIN" rebalance -a "$SEED" --wait --poll-ms "$POLL_MS" --wait-timeout $((deadline - SECONDS + 1)) -o json \
-        >"$WORK/rebalance.json" 2>/dev/null; then
+    if "$BIN" rebalance -a "$SEED" --wait --poll-ms "$POLL_MS" \
+        --wait-timeout $((deadline - SECONDS + 1)) -o json >"$WORK/rebalance.json" 2>/dev/null; then
         moves_took=$(secs_since "$t0")
         if [[ -n $WRITER_PID ]]; then
             wait "$WRITER_PID"

@@ -84,14 +84,14 @@ pub struct ReplicaConfig {
     /// up to the applied index, less the last quarter of this many entries (the disk, where
     /// snapshots are read, may lag the applied index by a fold). A leader keeps the entries
     /// that followers heard from within `t_elect` still need, unless its log holds more than
-    /// `4 × compact_after` entries. At least 1. Default 200: the log is kept in memory, every shard's, and with 10,000 a node
-    /// of 1,024 shards holding 100-byte values grew by ~300 bytes per write it saw, towards
-    /// ~2.5 GB (BENCHMARKS.md, issue 5, session 18). With 1,000, ×16 writes took 50–55 µs of
-    /// node CPU each against 48–49 µs with 200, and a node held 290–320 MB against 190–210 MB
-    /// (session 40): fresh log memory is page faults, and a larger log is more cache misses.
-    /// 200 still lets a follower that was down for 20 s at 10 writes a second per shard catch
-    /// up by `Append`s; one down longer gets a snapshot, about 110 KB a shard at 1,000,000
-    /// keys of 100 bytes.
+    /// `4 × compact_after` entries. At least 1. Default 200: the log is kept in memory, every
+    /// shard's, and with 10,000 a node of 1,024 shards holding 100-byte values grew by ~300
+    /// bytes per write it saw, towards ~2.5 GB (BENCHMARKS.md, issue 5, session 18). With
+    /// 1,000, ×16 writes took 50–55 µs of node CPU each against 48–49 µs with 200, and a node
+    /// held 290–320 MB against 190–210 MB (session 40): fresh log memory is page faults, and a
+    /// larger log is more cache misses. 200 still lets a follower that was down for 20 s at 10
+    /// writes a second per shard catch up by `Append`s; one down longer gets a snapshot, about
+    /// 110 KB a shard at 1,000,000 keys of 100 bytes.
     pub compact_after: u64,
     /// The target size of a snapshot chunk in key and value bytes (a single larger pair
     /// travels alone). Up to `SNAPSHOT_WINDOW` (2) chunks per replica are in flight, and
