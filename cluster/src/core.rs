@@ -717,7 +717,7 @@ impl Cluster {
             }
             Request::Members => Response::Members(self.members()),
             Request::ShardDigests { after } => {
-                let (digests, next) = self.shard_digests(after, crate::wire::DIGEST_PAGE_BYTES);
+                let (digests, next) = self.shard_digests(after, crate::wire::DIGEST_PAGE_SHARDS);
                 Response::ShardDigests { digests, next }
             }
             Request::Replicate(batch) => {

@@ -18,7 +18,7 @@ use crate::Error;
 use crate::core::Cluster;
 use crate::replica::{
     ClientOp, ClientReply, ClientRoute, Config, Durable, HostBatchId, HostPersist, Member,
-    PairHasher, RequestTag, ShardHost, ShardReplica, SnapshotRead, SnapshotReadReply, StorageId,
+    RequestTag, ShardHost, ShardReplica, SnapshotRead, SnapshotReadReply, StorageId,
 };
 use crate::wire::{DigestRole, HeldView, MAX_KEY_LEN, ShardDigest};
 
@@ -231,35 +231,30 @@ impl Cluster {
             })
     }
 
-    /// Each held replica's applied index and a checksum of its key-value state (tombstoned
-    /// replicas are left out), in shard order, for the shards after `after`: as many as fit
-    /// in `page_bytes` of keys and values (at least one), and where the next page starts
-    /// (`None` when this one holds the last).
+    /// Each held replica's applied index and the digest of its key-value state (tombstoned
+    /// replicas are left out), in shard order, for the shards after `after`: at most
+    /// `page_shards` of them (at least one), and where the next page starts (`None` when this
+    /// one holds the last). A replica keeps its digest as it applies writes
+    /// ([`StateDigest`](crate::replica::StateDigest)), so this hashes nothing.
     pub fn shard_digests(
         &self,
         after: Option<u16>,
-        page_bytes: usize,
+        page_shards: usize,
     ) -> (Vec<ShardDigest>, Option<u16>) {
         let mut digests: Vec<ShardDigest> = Vec::new();
-        let mut hashed = 0usize;
         let held = self
             .host
             .replicas()
             .filter(|(shard, _)| after.is_none_or(|after| *shard > after))
             .filter(|(_, replica)| replica.durable().tombstone.is_none());
         for (shard, replica) in held {
-            if hashed >= page_bytes
+            if digests.len() >= page_shards.max(1)
                 && let Some(last) = digests.last()
             {
                 let next = last.shard;
                 return (digests, Some(next));
             }
             let durable = replica.durable();
-            let mut hasher = PairHasher::new(blake3::Hasher::new());
-            for (key, value) in &durable.kv {
-                hasher.pair(key, value);
-                hashed += key.len() + value.len();
-            }
             let role = if replica.established_ballot().is_some() {
                 DigestRole::Leader {
                     at_target: self.at_target(shard, replica),
@@ -270,7 +265,7 @@ impl Cluster {
             digests.push(ShardDigest {
                 shard,
                 applied: durable.applied,
-                checksum: *hasher.into_hasher().finalize().as_bytes(),
+                checksum: durable.kv.digest().to_bytes(),
                 role,
             });
         }

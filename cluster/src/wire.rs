@@ -185,10 +185,8 @@ pub enum Response {
     Ring(RingView),
     /// The answer to [`Request::Client`].
     Client(crate::replica::ClientReply),
-    /// The answer to [`Request::ShardDigests`]: digests in shard order, of at most
-    /// [`DIGEST_PAGE_BYTES`] of state (at least one shard), so that answering never holds
-    /// the node's loop for long (hashing all of a node's 100 MB at once stalled it longer
-    /// than an election timeout).
+    /// The answer to [`Request::ShardDigests`]: digests in shard order, at most
+    /// [`DIGEST_PAGE_SHARDS`] of them, each read off its replica (nothing is hashed to answer).
     ShardDigests {
         /// This page's digests.
         digests: Vec<ShardDigest>,
@@ -270,9 +268,9 @@ impl std::ops::Add for CopyProgress {
     }
 }
 
-/// The most key and value bytes one [`Response::ShardDigests`] page hashes (a few
-/// milliseconds of the answering node's loop).
-pub const DIGEST_PAGE_BYTES: usize = 4 << 20;
+/// The most shards one [`Response::ShardDigests`] page holds: about 30 bytes each, so a page
+/// of the default 1,024 shards is one answer of about 30 KB.
+pub const DIGEST_PAGE_SHARDS: usize = 1024;
 
 /// One replica's state in brief, for comparing replicas (`node check`).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -281,9 +279,8 @@ pub struct ShardDigest {
     pub shard: u16,
     /// The replica's applied index.
     pub applied: u64,
-    /// blake3 over its key-value state at `applied` (keys in order, each key and value
-    /// length-prefixed).
-    pub checksum: [u8; 32],
+    /// The [`StateDigest`](crate::replica::StateDigest) of its key-value state at `applied`.
+    pub checksum: [u8; 16],
     /// Whether the replica leads, and whether its shard has settled.
     pub role: DigestRole,
 }

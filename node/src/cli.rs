@@ -646,7 +646,7 @@ pub(crate) async fn check(query: &QueryArgs) -> Result<ExitCode> {
         ),
     ));
     // Replica checksums: replicas of a shard at the same applied index must hold the same state.
-    let mut replicas: BTreeMap<u16, Vec<(String, u64, [u8; 32])>> = BTreeMap::new();
+    let mut replicas: BTreeMap<u16, Vec<(String, u64, [u8; 16])>> = BTreeMap::new();
     // Per shard: whether a live node leads it with an established ballot, and whether a
     // leader reports its voters at placement's replica set.
     let mut led: BTreeMap<u16, bool> = BTreeMap::new();
@@ -761,8 +761,7 @@ fn moves_pending<'a>(moving: impl IntoIterator<Item = &'a MoveView>) -> (bool, S
     )
 }
 
-/// Every shard digest the node at `addr` reports, a page at a time (so that no answer holds its
-/// loop for long), and what went wrong if the paging stopped early ("gave no shard digests:
+/// Every shard digest the node at `addr` reports, a page at a time, and what went wrong if the paging stopped early ("gave no shard digests:
 /// ...", after which the digests already received are still returned).
 async fn node_digests(
     endpoint: &Endpoint,

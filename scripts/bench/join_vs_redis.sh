@@ -200,10 +200,10 @@ done
 # passes. (At its default of 250 ms it saw the end of the moves 0.1-0.26 s late, BENCHMARKS.md,
 # issue 6, session 43; polling with a new CLI process and interpreter 10 times a second took
 # 10-15% of this machine's two cores from the join, session 24.) The check is an audit of the
-# moves, not one of them: it runs once the writer's window is over, which it would otherwise
-# share (every node hashes all it holds at once: the writer's p99 was 119-170 ms with it in
-# the window and 39-80 ms without, BENCHMARKS.md, issue 6, session 30), and the time it takes
-# is added to the moves'.
+# moves, not one of them: it runs once the writer's window is over (when every node hashed
+# all it held for a check, the writer's p99 was 119-170 ms with it in the window and 39-80 ms
+# without, BENCHMARKS.md, issue 6, session 30; replicas now keep digests of their states, so
+# a check hashes nothing), and the time it takes is added to the moves'.
 check_took=0
 while :; do
     ((SECONDS < deadline)) || { echo "the moves did not finish in 600 s" >&2; exit 1; }

@@ -31,7 +31,7 @@ pub use self::host::{
 };
 pub use self::image::{ImageBuilder, ImagePairs, OutOfOrder, StateImage};
 pub use self::snapshot::{MemoryViews, Pairs, SnapshotRead, SnapshotReadReply, ViewId};
-pub use self::state::{KvState, Pairs as KvPairs};
+pub use self::state::{KvState, Pairs as KvPairs, StateDigest};
 pub use self::types::{
     Ballot, ClientOp, ClientReply, ClientRoute, Config, Entry, Member, Message, NackReason, Op,
     PairHasher, Pos, PreVerdict, RejectReason, RequestTag, StorageId, VerifyOutcome,

@@ -11,6 +11,10 @@
 //! It is not a general-purpose map: keys and values are copied in and read back as slices,
 //! nothing is borrowed mutably, and a merge copies the whole shard (amortized, a few pairs
 //! per write).
+//!
+//! A state keeps its [`StateDigest`] as it changes: each write adds its pair's hash and takes
+//! away the hash of the pair it replaced, so comparing replicas (`node check`) reads a number
+//! per shard instead of hashing every pair of every node at once.
 
 use std::cmp::Ordering;
 use std::collections::{BTreeMap, btree_map};
@@ -43,6 +47,51 @@ pub struct KvState {
     writes: BTreeMap<Vec<u8>, Option<Vec<u8>>>,
     /// How many keys the state holds.
     len: usize,
+    /// The digest of the pairs it holds, kept as they change.
+    digest: StateDigest,
+}
+
+/// A digest of a key-value state that a write updates in constant time: the sum, modulo
+/// 2^128, of a 128-bit XXH3 hash of each pair (the value hashed with a seed taken from the
+/// key's own hash), so the order in which pairs were written never shows. Equal states have
+/// equal digests; two replicas whose states differ by accident (a bug, a corrupted copy) have
+/// equal digests with a chance of about 2^-128.
+///
+/// It is a check of consistency between replicas, not a cryptographic commitment: someone
+/// choosing keys and values could make two different states collide. Copies are verified
+/// after a move by chunked BLAKE3 checksums ([`copy_checksums`](super::copy_checksums)).
+#[derive(Clone, Copy, Default, PartialEq, Eq, Hash)]
+pub struct StateDigest(u128);
+
+impl StateDigest {
+    /// The digest as 16 bytes, little-endian.
+    pub fn to_bytes(self) -> [u8; 16] {
+        self.0.to_le_bytes()
+    }
+
+    /// The hash one pair contributes.
+    fn of_pair(key: &[u8], value: &[u8]) -> u128 {
+        let seed = xxhash_rust::xxh3::xxh3_64(key);
+        xxhash_rust::xxh3::xxh3_128_with_seed(value, seed)
+    }
+
+    fn add(&mut self, key: &[u8], value: &[u8]) {
+        self.0 = self.0.wrapping_add(Self::of_pair(key, value));
+    }
+
+    fn take(&mut self, key: &[u8], value: &[u8]) {
+        self.take_hash(Self::of_pair(key, value));
+    }
+
+    fn take_hash(&mut self, pair: u128) {
+        self.0 = self.0.wrapping_sub(pair);
+    }
+}
+
+impl fmt::Debug for StateDigest {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "StateDigest({:032x})", self.0)
+    }
 }
 
 impl KvState {
@@ -51,8 +100,16 @@ impl KvState {
         KvState::default()
     }
 
-    /// The state `image` holds; it shares the image's bytes.
+    /// The state `image` holds; it shares the image's bytes. Hashes every pair once, for the
+    /// state's [`digest`](Self::digest).
     pub fn from_image(image: StateImage) -> Self {
+        KvState::index(image, None)
+    }
+
+    /// The state `image` holds, whose digest is `digest` when the caller knows it (a merge of
+    /// a state into its own image), else computed here.
+    fn index(image: StateImage, digest: Option<StateDigest>) -> Self {
+        let mut computed = StateDigest::default();
         let mut starts = Vec::with_capacity(image.len());
         let mut prefixes = Vec::with_capacity(image.len());
         let bytes = image.bytes();
@@ -61,11 +118,14 @@ impl KvState {
             let Some((key, rest)) = split_bytes(&bytes[at..]) else {
                 break;
             };
-            let Some((_, rest)) = split_bytes(rest) else {
+            let Some((value, rest)) = split_bytes(rest) else {
                 break;
             };
             starts.push(at);
             prefixes.push(key_prefix(key));
+            if digest.is_none() {
+                computed.add(key, value);
+            }
             at = bytes.len() - rest.len();
         }
         KvState {
@@ -74,7 +134,13 @@ impl KvState {
             starts,
             prefixes,
             writes: BTreeMap::new(),
+            digest: digest.unwrap_or(computed),
         }
+    }
+
+    /// The digest of the pairs it holds (kept as writes change them, not computed here).
+    pub fn digest(&self) -> StateDigest {
+        self.digest
     }
 
     /// How many keys it holds.
@@ -103,7 +169,11 @@ impl KvState {
     /// Sets `key` to `value`. An overwrite since the last merge keeps the value's allocation
     /// when it is not much larger than the new value.
     pub fn insert(&mut self, key: &[u8], value: &[u8]) {
+        self.digest.add(key, value);
         if let Some(written) = self.writes.get_mut(key) {
+            if let Some(held) = written {
+                self.digest.take(key, held);
+            }
             match written {
                 Some(held) if held.capacity() <= 2 * value.len() + 64 => {
                     held.clear();
@@ -118,8 +188,12 @@ impl KvState {
             }
             return;
         }
-        if self.base_get(key).is_none() {
-            self.len += 1;
+        match self
+            .base_get(key)
+            .map(|held| StateDigest::of_pair(key, held))
+        {
+            Some(replaced) => self.digest.take_hash(replaced),
+            None => self.len += 1,
         }
         self.writes.insert(key.to_vec(), Some(value.to_vec()));
         self.merge_if_due();
@@ -127,24 +201,29 @@ impl KvState {
 
     /// Deletes `key`, if held.
     pub fn remove(&mut self, key: &[u8]) {
-        let in_base = self.base_get(key).is_some();
+        let in_base = self
+            .base_get(key)
+            .map(|held| StateDigest::of_pair(key, held));
         match self.writes.get_mut(key) {
             Some(written) => {
-                if written.is_some() {
+                if let Some(held) = written {
+                    self.digest.take(key, held);
                     self.len -= 1;
                 }
-                if in_base {
+                if in_base.is_some() {
                     *written = None;
                 } else {
                     self.writes.remove(key);
                 }
             }
-            None if in_base => {
-                self.len -= 1;
-                self.writes.insert(key.to_vec(), None);
-                self.merge_if_due();
+            None => {
+                if let Some(removed) = in_base {
+                    self.digest.take_hash(removed);
+                    self.len -= 1;
+                    self.writes.insert(key.to_vec(), None);
+                    self.merge_if_due();
+                }
             }
-            None => {}
         }
     }
 
@@ -230,7 +309,7 @@ impl KvState {
     /// Merges the writes into a new base once they are many enough.
     fn merge_if_due(&mut self) {
         if self.writes.len() >= MERGE_AT_LEAST.max(self.starts.len() / 2) {
-            *self = KvState::from_image(self.to_image());
+            *self = KvState::index(self.to_image(), Some(self.digest));
         }
     }
 }
@@ -403,6 +482,8 @@ mod tests {
                 }
                 prop_assert_eq!(state.to_image().to_map(), model.clone());
                 prop_assert_eq!(&state, &KvState::from(&model));
+                // Kept write by write (and through merges), it is the digest of the pairs.
+                prop_assert_eq!(state.digest(), KvState::from(&model).digest());
             }
         }
     }
@@ -424,6 +505,35 @@ mod tests {
         assert!(!written.writes.is_empty());
         assert_eq!(written, imaged);
         assert_eq!(hash(&written), hash(&imaged));
+    }
+
+    #[test]
+    fn the_digest_is_of_the_pairs_not_of_their_order_or_history() {
+        let mut forward = KvState::new();
+        let mut backward = KvState::new();
+        for k in 0..200u32 {
+            forward.insert(&k.to_be_bytes(), b"value");
+            backward.insert(&(199 - k).to_be_bytes(), b"value");
+        }
+        assert_ne!(forward.digest(), StateDigest::default());
+        assert_eq!(forward.digest(), backward.digest());
+        // A value changed and changed back, a key added and removed: the same pairs again.
+        let before = forward.digest();
+        forward.insert(&7u32.to_be_bytes(), b"other");
+        assert_ne!(forward.digest(), before);
+        forward.insert(&7u32.to_be_bytes(), b"value");
+        forward.insert(b"extra", b"");
+        assert_ne!(forward.digest(), before);
+        forward.remove(b"extra");
+        assert_eq!(forward.digest(), before);
+        // A pair is not its key and value split elsewhere.
+        let mut one = KvState::new();
+        one.insert(b"ab", b"c");
+        let mut other = KvState::new();
+        other.insert(b"a", b"bc");
+        assert_ne!(one.digest(), other.digest());
+        forward.clear();
+        assert_eq!(forward.digest(), StateDigest::default());
     }
 
     #[test]

@@ -23,13 +23,15 @@ const PURE_CRATES: &[(&str, &[&str])] = &[
             "rand",
             "bytes",
             "blake3",
+            "xxhash-rust",
             "thiserror",
             "tracing",
         ],
     ),
 ];
 
-/// Everything a pure crate may pull in, directly or not: the workspace's pure crates, hashing,
+/// Everything a pure crate may pull in, directly or not: the workspace's pure crates, hashing
+/// (blake3; xxhash-rust's xxh3 for `cluster`'s running state digests),
 /// the error derive, and for `cluster` foca with its seeded RNG (`rand` without `getrandom`),
 /// serde/postcard and tracing's macros. `libc` comes only through `cpufeatures`, blake3's CPU
 /// feature detection on some platforms; a pure crate naming it directly fails its direct list.
@@ -62,6 +64,7 @@ const ALLOWED: &[&str] = &[
     "tracing-attributes",
     "pin-project-lite",
     "blake3",
+    "xxhash-rust",
     "libc",
     "arrayref",
     "arrayvec",
