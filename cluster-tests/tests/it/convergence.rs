@@ -2,9 +2,11 @@
 //! libraries compute, and `check` says so.
 
 use std::thread;
+use std::time::Duration;
 
 use serde_json::Value;
 
+use crate::configs::shard_of;
 use crate::harness::{
     CONVERGE_WITHIN, Cluster, digest, members, owners, string_field, wait_check_passes, wait_until,
 };
@@ -232,6 +234,95 @@ fn live_placement_matches_shardtable() {
             }
         }
     }
+}
+
+/// `node check` compares the replicas' state digests at equal applied index: a replica whose
+/// stored state was changed behind the log's back (its redb file edited while its node was
+/// stopped, at the layout `node/src/store.rs` gives the `kv` table) is named, with the shard
+/// and the applied index, and no other shard is.
+#[test]
+fn check_names_replicas_whose_states_differ() {
+    let mut cluster = Cluster::launch("check-differs", 3);
+    wait_check_passes(&cluster, CONVERGE_WITHIN);
+    let put = cluster
+        .cli(0, &["put", "check-key", "written"], "table")
+        .unwrap();
+    assert!(put.status.success(), "put: {put:?}");
+    let shard = shard_of(&cluster, 0, "check-key");
+    let victim = 2;
+    let victim_id = cluster.node(victim).id.clone();
+    // The victim must have applied the write before it stops: applied later, from its log,
+    // the write would replace the edited value.
+    let own_applied = |cluster: &Cluster, index: usize| -> Result<u64, String> {
+        let answer = cluster.try_query(index, &["shard-info", &shard.to_string()])?;
+        let id = &cluster.node(index).id;
+        answer["replicas"]
+            .as_array()
+            .and_then(|replicas| replicas.iter().find(|r| r["id"] == id.as_str()))
+            .and_then(|replica| replica["index"].as_u64())
+            .ok_or_else(|| format!("no index of {id}'s own replica: {answer}"))
+    };
+    wait_until(CONVERGE_WITHIN, "the victim applied the write", || {
+        let applied = (0..3)
+            .map(|index| own_applied(&cluster, index))
+            .collect::<Result<Vec<u64>, String>>()?;
+        if applied.iter().all(|&index| index == applied[0]) {
+            Ok(())
+        } else {
+            Err(format!("applied indexes {applied:?}"))
+        }
+    });
+    // SIGTERM: the node folds what it committed into redb before it exits.
+    cluster.sigterm(victim);
+    let status = cluster.wait_exit(victim, Duration::from_secs(20));
+    assert!(status.success(), "{victim_id} exited with {status}");
+    {
+        const KV: redb::TableDefinition<(u16, &[u8]), &[u8]> = redb::TableDefinition::new("kv");
+        let db = redb::Database::open(cluster.node(victim).data_dir.join("shards.redb"))
+            .expect("open the victim's store");
+        let txn = db.begin_write().expect("a write transaction");
+        {
+            let mut kv = txn.open_table(KV).expect("the kv table");
+            let old = kv
+                .insert((shard, &b"check-key"[..]), &b"tampered"[..])
+                .expect("edit the value");
+            assert_eq!(
+                old.map(|value| value.value().to_vec()),
+                Some(b"written".to_vec()),
+                "the victim's stored value before the edit"
+            );
+        }
+        txn.commit().expect("commit the edit");
+    }
+    cluster.restart(victim);
+    let message = wait_until(
+        CONVERGE_WITHIN,
+        "`node check` names the edited replica",
+        || {
+            // A failing check exits 1, with its JSON on stdout.
+            let output = cluster.cli(0, &["check"], "json")?;
+            let answer: Value = serde_json::from_str(&output.stdout)
+                .map_err(|error| format!("not JSON ({error}): {output:?}"))?;
+            let failed: Vec<String> = answer["checks"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .filter(|check| check["ok"] == false)
+                .filter_map(|check| check["message"].as_str().map(str::to_owned))
+                .collect();
+            match failed.iter().find(|message| message.contains("differ at")) {
+                Some(_) => Ok(failed),
+                None => Err(answer.to_string()),
+            }
+        },
+    );
+    let differing: Vec<&String> = message.iter().filter(|m| m.contains("differ at")).collect();
+    assert!(
+        differing
+            .iter()
+            .all(|m| m.starts_with(&format!("shard {shard}: ")) && m.contains(&victim_id)),
+        "{message:?}"
+    );
 }
 
 /// `node check` on a new cluster: it fails until every shard has an elected leader whose
