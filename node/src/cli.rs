@@ -761,8 +761,9 @@ fn moves_pending<'a>(moving: impl IntoIterator<Item = &'a MoveView>) -> (bool, S
     )
 }
 
-/// Every shard digest the node at `addr` reports, a page at a time, and what went wrong if the paging stopped early ("gave no shard digests:
-/// ...", after which the digests already received are still returned).
+/// Every shard digest the node at `addr` reports, a page at a time, and what went wrong if
+/// the paging stopped early ("gave no shard digests: ...", after which the digests already
+/// received are still returned).
 async fn node_digests(
     endpoint: &Endpoint,
     addr: SocketAddr,

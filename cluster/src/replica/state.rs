@@ -201,30 +201,27 @@ impl KvState {
 
     /// Deletes `key`, if held.
     pub fn remove(&mut self, key: &[u8]) {
-        let in_base = self
-            .base_get(key)
-            .map(|held| StateDigest::of_pair(key, held));
-        match self.writes.get_mut(key) {
-            Some(written) => {
-                if let Some(held) = written {
-                    self.digest.take(key, held);
-                    self.len -= 1;
-                }
-                if in_base.is_some() {
-                    *written = None;
-                } else {
-                    self.writes.remove(key);
-                }
+        if let Some(written) = self.writes.get_mut(key) {
+            if let Some(held) = written.take() {
+                self.digest.take(key, &held);
+                self.len -= 1;
             }
-            None => {
-                if let Some(removed) = in_base {
-                    self.digest.take_hash(removed);
-                    self.len -= 1;
-                    self.writes.insert(key.to_vec(), None);
-                    self.merge_if_due();
-                }
+            // `None` now: a deletion the base still needs, or nothing left to record.
+            if self.base_get(key).is_none() {
+                self.writes.remove(key);
             }
+            return;
         }
+        let Some(removed) = self
+            .base_get(key)
+            .map(|held| StateDigest::of_pair(key, held))
+        else {
+            return;
+        };
+        self.digest.take_hash(removed);
+        self.len -= 1;
+        self.writes.insert(key.to_vec(), None);
+        self.merge_if_due();
     }
 
     /// Deletes every key.
