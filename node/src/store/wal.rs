@@ -30,7 +30,11 @@
 //! A segment is zero-filled ahead of its records, [`ZERO_STEP`] at a time (one write and one
 //! `fdatasync` per step), so a record's `fdatasync` never grows the file either: on this
 //! machine's ext4 a growing file's `fdatasync` also writes its inode, a second I/O. Zeros read
-//! as a torn tail (a record of sequence number 0 whose digest is wrong).
+//! as a torn tail (a record of sequence number 0 whose digest is wrong). A record of
+//! [`GROWS_FILE_BYTES`] or more (a group commit of installed snapshots, say) that passes the
+//! zero-filled end grows the file itself instead: zero-filling ahead of it would write as many
+//! bytes again and add an `fdatasync`, against one inode write in its own `fdatasync`. Its end
+//! is then the file's end, which reads as the log's end too.
 //!
 //! What it does not do: share a file between processes (the data dir's lock prevents that),
 //! or compress.
@@ -50,6 +54,10 @@ const RECORD_HEAD_BYTES: usize = 4 + 8 + 16;
 const SEGMENT_BYTES: u64 = 32 << 20;
 /// How far ahead of its records a segment is zero-filled at a time.
 const ZERO_STEP: u64 = 1 << 20;
+/// A record at least this long grows the segment itself rather than being zero-filled ahead
+/// of: a joining node's group commits of installed copies are 0.3–1 MB each, and zero-filling
+/// ahead of them doubled what its log wrote and the `fdatasync`s it waited for.
+const GROWS_FILE_BYTES: usize = 256 << 10;
 /// How many folded segments wait to be reused; more are deleted.
 const SPARE_SEGMENTS: usize = 2;
 /// The file name suffix of a folded segment waiting to be reused.
@@ -256,7 +264,7 @@ impl Wal {
         head[4..12].copy_from_slice(&seq.to_le_bytes());
         head[12..].copy_from_slice(&digest(seq, payload));
         let end = self.file_len + record.len() as u64;
-        if end > self.file_size {
+        if end > self.file_size && record.len() < GROWS_FILE_BYTES {
             self.zero_fill_to(end)?;
         }
         self.file.write_all(record).with_context(|| {
@@ -265,7 +273,8 @@ impl Wal {
                 self.dir.display()
             )
         })?;
-        self.file_len += record.len() as u64;
+        self.file_len = end;
+        self.file_size = self.file_size.max(end);
         self.next_seq += 1;
         Ok((seq, payload_len))
     }
@@ -557,21 +566,74 @@ mod tests {
         let path = wal.segments.back().unwrap().1.clone();
         wal.append(b"one").unwrap();
         assert_eq!(std::fs::metadata(&path).unwrap().len(), ZERO_STEP);
-        // A record across the zero-filled end extends the fill by whole steps.
-        let long = vec![9u8; ZERO_STEP as usize];
-        wal.append(&long).unwrap();
+        // A record shorter than GROWS_FILE_BYTES across the zero-filled end extends the fill
+        // by whole steps.
+        let long = vec![9u8; GROWS_FILE_BYTES - RECORD_HEAD_BYTES - 1];
+        let mut records = 1;
+        while std::fs::metadata(&path).unwrap().len() == ZERO_STEP {
+            wal.append(&long).unwrap();
+            records += 1;
+        }
         assert_eq!(std::fs::metadata(&path).unwrap().len(), 2 * ZERO_STEP);
-        wal.append(b"three").unwrap();
+        wal.append(b"last").unwrap();
         assert_eq!(std::fs::metadata(&path).unwrap().len(), 2 * ZERO_STEP);
         drop(wal);
         // The zeros after the records read as the log's end.
+        let (mut wal, read) = Wal::open(&dir, STORE, 0).unwrap();
+        assert_eq!(read.len(), records + 1);
+        assert_eq!(read[0], (0, b"one".to_vec()));
+        assert!(read[1..records].iter().all(|(_, payload)| *payload == long));
+        assert_eq!(read[records], (records as u64, b"last".to_vec()));
+        assert_eq!(wal.append(b"after").unwrap(), records as u64 + 1);
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[test]
+    fn a_long_record_grows_the_segment_itself_and_its_end_reads_as_the_logs() {
+        let dir = temp_dir("grows");
+        let (mut wal, _) = Wal::open(&dir, STORE, 0).unwrap();
+        let path = wal.segments.back().unwrap().1.clone();
+        wal.append(b"one").unwrap();
+        assert_eq!(std::fs::metadata(&path).unwrap().len(), ZERO_STEP);
+        // Longer than what is left of the zero-filled step: no zeros ahead of it, the file
+        // ends where it does.
+        let long = vec![9u8; ZERO_STEP as usize];
+        wal.append(&long).unwrap();
+        let grown = HEADER_BYTES + (RECORD_HEAD_BYTES * 2 + 3) as u64 + ZERO_STEP;
+        assert_eq!(std::fs::metadata(&path).unwrap().len(), grown);
+        // A short record after it is zero-filled ahead of again, from the file's end.
+        wal.append(b"three").unwrap();
+        let size = std::fs::metadata(&path).unwrap().len();
+        assert_eq!(size, 2 * ZERO_STEP);
+        wal.sync().unwrap();
+        drop(wal);
         let (mut wal, records) = Wal::open(&dir, STORE, 0).unwrap();
         assert_eq!(
             records,
-            vec![(0, b"one".to_vec()), (1, long), (2, b"three".to_vec())]
+            vec![
+                (0, b"one".to_vec()),
+                (1, long.clone()),
+                (2, b"three".to_vec())
+            ]
         );
         assert_eq!(wal.append(b"four").unwrap(), 3);
+        drop(wal);
+        // A log whose last record ends at the file's end (a crash before anything followed it)
+        // reads to there.
+        let dir2 = temp_dir("grows-end");
+        let (mut wal, _) = Wal::open(&dir2, STORE, 0).unwrap();
+        let path = wal.segments.back().unwrap().1.clone();
+        wal.append(&long).unwrap();
+        wal.sync().unwrap();
+        assert_eq!(
+            std::fs::metadata(&path).unwrap().len(),
+            HEADER_BYTES + (RECORD_HEAD_BYTES as u64) + ZERO_STEP
+        );
+        drop(wal);
+        let (_, records) = Wal::open(&dir2, STORE, 0).unwrap();
+        assert_eq!(records, vec![(0, long)]);
         let _ = std::fs::remove_dir_all(&dir);
+        let _ = std::fs::remove_dir_all(&dir2);
     }
 
     #[test]
