@@ -1332,19 +1332,30 @@ impl StoreWorker {
     }
 }
 
-/// The nice value of the fold thread, the lowest there is: a fold is a burst of B-tree work
-/// that nothing waits for, so it takes the CPU the event loop and the log thread leave idle
-/// (on two cores running three nodes it otherwise shows in every commit's latency). Unlike
-/// `SCHED_IDLE` a niced thread still gets a small share under full load, so folds never
-/// stop and the batches waiting in memory stay bounded.
-const FOLD_THREAD_NICE: i32 = 19;
-
-/// Runs the calling thread at [`FOLD_THREAD_NICE`]. On Linux a thread id names one thread
-/// for `setpriority`; a refusal (a sandbox) only costs latency, so it is logged, not fatal.
+/// Runs the calling thread under `SCHED_IDLE`: a fold is a burst of B-tree work that nothing
+/// waits for, so it takes the CPU the event loops and the log threads leave idle (on two cores
+/// running three nodes it otherwise shows in every commit's latency).
+///
+/// Why not a nice value (this thread ran at nice 19 until session 46): a nice value only ranks
+/// the threads of one scheduling group, and with the kernel's autogroups each session is a
+/// group of its own. Nodes started in sessions of their own (`scripts/cluster.sh`, or services
+/// sharing a machine with their clients) then met one node's fold at its group's full weight.
+/// A `SCHED_IDLE` thread is preempted by any other thread that wakes on its CPU, in any group,
+/// and its CPU counts as idle when the kernel places a waking thread. It still gets a small
+/// share under full load (a weight of 3, against 15 at nice 19), so folds never stop and the
+/// batches waiting in memory stay bounded.
+///
+/// On Linux a thread's scheduling policy is its own (pid 0 names the calling thread). A
+/// refusal (a sandbox) only costs latency, so it is logged, not fatal.
+#[allow(unsafe_code)]
 fn lower_this_threads_priority() {
-    let thread = rustix::thread::gettid();
-    if let Err(error) = rustix::process::setpriority_process(Some(thread), FOLD_THREAD_NICE) {
-        tracing::debug!(%error, "the fold thread keeps its priority");
+    let param = libc::sched_param { sched_priority: 0 };
+    // SAFETY: `sched_setscheduler` reads the `sched_param` it is given, a valid local, and
+    // changes only the calling thread's scheduling; it has no other effect on memory.
+    let refused = unsafe { libc::sched_setscheduler(0, libc::SCHED_IDLE, &param) } != 0;
+    if refused {
+        let error = std::io::Error::last_os_error();
+        tracing::debug!(%error, "the fold thread keeps its scheduling policy");
     }
 }
 

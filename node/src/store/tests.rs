@@ -918,6 +918,71 @@ async fn a_view_older_than_asked_brings_the_fold_forward() {
     }
 }
 
+/// This process's threads named `name`, each with its scheduling policy (the 41st field of
+/// `/proc/self/task/TID/stat`: 0 `SCHED_OTHER`, 5 `SCHED_IDLE`).
+fn threads_named(name: &str) -> Vec<(u32, u32)> {
+    let mut found = Vec::new();
+    for task in std::fs::read_dir("/proc/self/task").unwrap().flatten() {
+        let path = task.path();
+        let comm = std::fs::read_to_string(path.join("comm")).unwrap_or_default();
+        if comm.trim_end() != name {
+            continue;
+        }
+        let Ok(stat) = std::fs::read_to_string(path.join("stat")) else {
+            continue; // the thread ended meanwhile
+        };
+        // The fields after the name's closing parenthesis start at the 3rd.
+        let after_name = &stat[stat.rfind(')').unwrap() + 2..];
+        let policy = after_name.split(' ').nth(41 - 3).unwrap().parse().unwrap();
+        let tid = task.file_name().to_str().unwrap().parse().unwrap();
+        found.push((tid, policy));
+    }
+    found
+}
+
+/// The fold runs on CPU the other threads leave idle, in every scheduling group: its thread
+/// is `SCHED_IDLE`; the log thread, which commits what clients wait for, is not.
+#[tokio::test]
+async fn the_fold_thread_runs_under_sched_idle_and_the_log_thread_does_not() {
+    const SCHED_OTHER: u32 = 0;
+    const SCHED_IDLE: u32 = 5;
+    // Other tests of this process start workers too: only threads new since now are checked.
+    let older: BTreeSet<u32> = threads_named("slotring-fold")
+        .into_iter()
+        .chain(threads_named("slotring-wal"))
+        .map(|(tid, _)| tid)
+        .collect();
+    let dir = TempDir::new("fold-policy");
+    let store = Store::open(&dir.db(), TEST_CACHE).unwrap().store;
+    let handle = StoreWorker::spawn(store).unwrap();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let folds: Vec<(u32, u32)> = threads_named("slotring-fold")
+            .into_iter()
+            .filter(|(tid, _)| !older.contains(tid))
+            .collect();
+        // The thread sets its policy as it starts.
+        if !folds.is_empty() && folds.iter().all(|(_, policy)| *policy == SCHED_IDLE) {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "fold threads (tid, policy) still {folds:?} after 10 s"
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    let logs: Vec<(u32, u32)> = threads_named("slotring-wal")
+        .into_iter()
+        .filter(|(tid, _)| !older.contains(tid))
+        .collect();
+    assert!(!logs.is_empty());
+    assert!(
+        logs.iter().all(|(_, policy)| *policy == SCHED_OTHER),
+        "{logs:?}"
+    );
+    drop(handle);
+}
+
 #[tokio::test]
 async fn the_worker_reports_batches_in_order_then_stops_on_drop() {
     let dir = TempDir::new("worker");
