@@ -1332,9 +1332,11 @@ impl StoreWorker {
     }
 }
 
-/// Runs the calling thread under `SCHED_IDLE`: a fold is a burst of B-tree work that nothing
-/// waits for, so it takes the CPU the event loops and the log threads leave idle (on two cores
-/// running three nodes it otherwise shows in every commit's latency).
+/// Runs the calling thread under `SCHED_IDLE`: a fold is a burst of B-tree work that no
+/// client waits for, so it takes the CPU the event loops and the log threads leave idle (on
+/// two cores running three nodes it otherwise shows in every commit's latency). What waits
+/// for folds waits indirectly: a snapshot view that needs a newer fold asks for one early
+/// (`FoldRequester`), and the log's segments are released only once folded.
 ///
 /// Why not a nice value (this thread ran at nice 19 until session 46): a nice value only ranks
 /// the threads of one scheduling group, and with the kernel's autogroups each session is a
@@ -1343,7 +1345,8 @@ impl StoreWorker {
 /// A `SCHED_IDLE` thread is preempted by any other thread that wakes on its CPU, in any group,
 /// and its CPU counts as idle when the kernel places a waking thread. It still gets a small
 /// share under full load (a weight of 3, against 15 at nice 19), so folds never stop and the
-/// batches waiting in memory stay bounded.
+/// batches waiting in memory stay bounded: under 35 s of ×16 writes at full speed the folds
+/// kept up (BENCHMARKS.md, issue 5, session 46).
 ///
 /// On Linux a thread's scheduling policy is its own (pid 0 names the calling thread). A
 /// refusal (a sandbox) only costs latency, so it is logged, not fatal.
