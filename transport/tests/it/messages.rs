@@ -151,6 +151,25 @@ async fn a_long_message_travels_beside_the_lane() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn packets_between_nodes_grow_past_quics_default_on_loopback() {
+    let certs = Certs::new();
+    let (n0, mut n0_inbound) = certs.bind("n0", Limits::default());
+    let (n1, _n1_inbound) = certs.bind("n1", Limits::default());
+    let to = n0.local_addr();
+    n1.send_message(to, &id("n0"), Bytes::from("hello"), PATIENCE)
+        .expect("queued");
+    assert_eq!(next_message(&mut n0_inbound).await, "hello");
+    // quinn starts at 1,200 bytes and, left to its default bound, stops discovering at 1,452.
+    // Loopback carries 64 KiB, so discovery reaches the endpoint's own bound.
+    eventually("the path MTU grows past 1,452", || {
+        n1.path_mtu(to).is_some_and(|mtu| mtu > 1_452)
+    })
+    .await;
+    assert!(n1.path_mtu(to).is_some_and(|mtu| mtu <= 6_500));
+    assert_eq!(n1.path_mtu(n1.local_addr()), None);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_bad_frame_in_a_lane_ends_that_lane_and_is_counted() {
     let certs = Certs::new();
     let (n0, mut n0_inbound) = certs.bind("n0", Limits::default());
