@@ -72,9 +72,9 @@ const MAX_ACK_DELAY: Duration = Duration::from_millis(5);
 /// through: about 1,450 on an Ethernet path of 1,500, this bound on loopback or jumbo frames.
 /// quinn's default bound is 1,452. Above it, a batch of peer messages or a snapshot chunk
 /// goes out in fewer packets, each one a send, a receive, a wake-up and a decryption less.
-/// Measured on 3 loopback nodes, six alternating pairs each (BENCHMARKS.md, issue 5 and
-/// issue 6, session 47): ×16 writes 5% faster, a node joining 1M keys 10% faster,
-/// unpipelined writes unchanged. 6,500 keeps quinn's batch of up to 10 packets per send under Linux's 64 KiB limit for one
+/// Measured on loopback nodes in alternating pairs (BENCHMARKS.md, issue 5 and issue 6,
+/// session 47): ×16 writes 5% faster, a node joining 1M keys 13% faster, unpipelined
+/// writes unchanged. 6,500 keeps quinn's batch of up to 10 packets per send under Linux's 64 KiB limit for one
 /// segmented UDP send.
 const MAX_UDP_PAYLOAD: u16 = 6_500;
 
