@@ -21,6 +21,9 @@
 #   - other shards: over the 4 s after t0, how many of them had writes failing and the longest
 #     time one of them failed (other_ms; 0 if none did); and how long writes to SHARD failed
 #     again after its first acknowledged write (again_ms);
+#   - disk_ms: the slowest group commit a survivor logged as slow (over 100 ms) in those 4 s
+#     (plus the second its warning may lag), 0 if none: when every shard stalls at once, this
+#     tells a disk that stalled (under another process's writes, say) from a failover that did;
 #   then stops the probes, restarts the killed node, and waits until every node lists all
 #   members alive and SHARD's replicas agree on its leader. Prints each round, then min /
 #   median / max of each figure in ms. The probes' JSON lines are kept in .cluster/probe-*.jsonl.
@@ -162,6 +165,24 @@ swim_down() {
     echo "$first"
 }
 
+# The slowest group commit (write-ahead log append and fdatasync) that a survivor of VICTIM
+# logged as slow (over 100 ms; at most one line a second per node, naming the slowest since
+# the last) from unix ms SINCE until UNTIL, in ms; 0 if none. Every write waits for a group
+# commit, so a round in which every shard stalled at once and this is large stalled on the
+# disk (another process writing to it, say), not in the failover.
+slowest_commit() {
+    local victim=$1 since=$2 until=$3 index stamp slowest ms max=0
+    for ((index = 0; index < NODES; index++)); do
+        ((index == victim)) && continue
+        while read -r stamp slowest; do
+            ms=$(date -d "$stamp" +%s%3N) || continue
+            if ((ms >= since && ms <= until && slowest > max)); then max=$slowest; fi
+        done < <(grep -F "slow group commit" ".cluster/n$index.log" |
+            sed -n 's/^\([^ ]*\) .*slowest_ms=\([0-9]*\).*/\1 \2/p')
+    done
+    echo "$max"
+}
+
 # Starts a probe writing SHARD_ARGS... every INTERVAL ms through node SEED, output to FILE.
 start_probe() {
     local file=$1 interval=$2 seed=$3
@@ -236,7 +257,7 @@ restart_victim() {
     done
 }
 
-DOWN=() ELECT=() WRITE=() AGAIN=() OTHER=() HIT=()
+DOWN=() ELECT=() WRITE=() AGAIN=() OTHER=() HIT=() DISK=()
 retries=0
 for ((round = 1; round <= ROUNDS; round++)); do
     # A restarted node takes its shards back by handoffs for a while after it is settled: the
@@ -343,15 +364,18 @@ for ((round = 1; round <= ROUNDS; round++)); do
     sampled=$(($(tr ',' '\n' <<<"$others" | wc -l) - $(wc -w <<<"$excluded")))
     down=$(swim_down "$victim" "$killed")
     [[ -z $down ]] || down=$((down - killed))
+    # A slow commit is logged up to a second after it ended.
+    disk=$(slowest_commit "$victim" "$killed" $((killed + WATCH_MS + 1000)))
 
     echo "round $round: after ${steady} ms of probing, killed n$victim (leader of shard $SHARD;" \
         "SIGKILL sent within ${signalled} ms)," \
         "probes via n$seed: first acknowledged write at ${write} ms ($failed writes failed);" \
         "SWIM down at ${down:-?} ms; every survivor names the new leader at ${elect} ms; shard" \
         "$SHARD blocked again for ${again} ms; $hit of $sampled other shards blocked, longest" \
-        "${other} ms${excluded:+ (left out, now led by n$victim or no one: $excluded)}"
+        "${other} ms${excluded:+ (left out, now led by n$victim or no one: $excluded)};" \
+        "survivors' slowest group commit: ${disk} ms (0: none over 100 ms)"
     DOWN+=("${down:-none}") ELECT+=("$elect") WRITE+=("$write") AGAIN+=("$again")
-    OTHER+=("$other") HIT+=("$hit")
+    OTHER+=("$other") HIT+=("$hit") DISK+=("$disk")
     retries=0
 
     restart_victim "$victim"
@@ -378,3 +402,4 @@ summary "$name elect_ms (every survivor names the new leader)" "${ELECT[@]}"
 summary "$name again_ms (the shard blocked again after its first write)" "${AGAIN[@]}"
 summary "$name other_ms (longest block of a sampled shard led by a survivor)" "${OTHER[@]}"
 summary "$name other_hit (sampled shards led by survivors that were blocked at all)" "${HIT[@]}"
+summary "$name disk_ms (survivors' slowest group commit logged over 100 ms; 0: none)" "${DISK[@]}"
