@@ -122,6 +122,22 @@ wait_quiet() {
 # several processes per call, and the polling below calls python while the join runs.
 PY=$(python3 -c 'import sys; print(sys.executable)')
 # json_field FILE EXPR: a python expression over the JSON document `d` in FILE.
+# slowest_commit FROM TO LOG...: the slowest group commit (write-ahead log append and
+# fdatasync), in ms, that the nodes' LOGs report as slow (over 100 ms; a node warns at most once
+# a second, naming the slowest since its last warning) between unix times FROM and TO
+# (seconds), or 0. Every write waits for group commits, so a writer's p99 far above the
+# run's usual one with a large figure here was set by a disk that stalled, not by the moves.
+slowest_commit() {
+    local from=$1 to=$2
+    shift 2
+    grep -h -F "slow group commit" "$@" 2>/dev/null |
+        sed -n 's/^\([^ ]*\) .*slowest_ms=\([0-9]*\).*/\1 \2/p' |
+        while read -r stamp slowest; do
+            echo "$(date -d "$stamp" +%s.%N) $slowest"
+        done |
+        awk -v a="$from" -v b="$to" '$1 >= a && $1 <= b + 1 && $2 > max { max = $2 }
+            END { print max + 0 }'
+}
 json_field() { "$PY" -c "import json, sys; d = json.load(open(sys.argv[1])); print($2)" "$1"; }
 
 : >"$OUT"
@@ -158,9 +174,11 @@ paced() {
         --read-ratio 0 -o json >"$WORK/$1.json" 2>"$WORK/$1.err" &
     WRITER_PID=$!
 }
+idle_from=$(now)
 paced idle 10
 wait "$WRITER_PID"
 WRITER_PID=
+idle_to=$(now)
 idle_p99=$(json_field "$WORK/idle.json" 'd["writes"]["latency_ms"]["p99"]')
 log "slotring idle: paced writer at $RATE/s: write p99 $idle_p99 ms"
 
@@ -169,6 +187,7 @@ log "slotring idle: paced writer at $RATE/s: write p99 $idle_p99 ms"
 # once it has written for a second (its first progress line). Started together, the writer
 # made its connections to the nodes during the first moves, and its first writes took 40-50
 # ms (BENCHMARKS.md, issue 6, session 41). Its window has the same length either way.
+during_from=$(now)
 paced during "$WRITER_SECS"
 deadline=$((SECONDS + 30))
 until grep -q '^bench: [0-9]* s:' "$WORK/during.err" 2>/dev/null; do
@@ -213,6 +232,7 @@ while :; do
         if [[ -n $WRITER_PID ]]; then
             wait "$WRITER_PID"
             WRITER_PID=
+            during_to=$(now)
         fi
         check_t0=$(now)
         if "$BIN" check -a "$SEED" >"$WORK/check.txt" 2>&1; then
@@ -229,6 +249,7 @@ shards=$(json_field "$WORK/status.json" 'next(n["held"]["shards"] for n in d["no
 if [[ -n $WRITER_PID ]]; then
     wait "$WRITER_PID"
     WRITER_PID=
+    during_to=$(now)
 fi
 during_p99=$(json_field "$WORK/during.json" 'd["writes"]["latency_ms"]["p99"]')
 during_failed=$(json_field "$WORK/during.json" 'd["writes"]["ops"] - d["writes"]["ok"]')
@@ -250,6 +271,9 @@ if ((during_failed > 0)); then
 fi
 log "  retried (took more than one attempt): $(json_field "$WORK/during.json" \
     '"%d writes, p50 %s ms, p99 %s ms; answers %s" % (d["retried"]["ops"], d["retried"]["latency_ms"]["p50"], d["retried"]["latency_ms"]["p99"], d["retried"]["attempts"])')"
+log "  slowest group commit a node logged (over 100 ms; 0: none) while the writer ran:" \
+    "idle $(slowest_commit "$idle_from" "$idle_to" .cluster/n*.log) ms," \
+    "during the join $(slowest_commit "$during_from" "$during_to" .cluster/n*.log "$WORK/n3.log") ms"
 sed 's/^/  /' "$WORK/check.txt" >>"$OUT"
 log "slotring joiner's peak resident memory: $(awk '/^VmHWM/ { printf "%.0f MB", $2 / 1024 }' "/proc/$JOINER_PID/status")"
 kill "$JOINER_PID" 2>/dev/null || true
