@@ -121,12 +121,13 @@ wait_quiet() {
 # The interpreter itself, not a version manager's shim: a shim is a shell script that starts
 # several processes per call, and the polling below calls python while the join runs.
 PY=$(python3 -c 'import sys; print(sys.executable)')
-# json_field FILE EXPR: a python expression over the JSON document `d` in FILE.
 # slowest_commit FROM TO LOG...: the slowest group commit (write-ahead log append and
-# fdatasync), in ms, that the nodes' LOGs report as slow (over 100 ms; a node warns at most once
-# a second, naming the slowest since its last warning) between unix times FROM and TO
-# (seconds), or 0. Every write waits for group commits, so a writer's p99 far above the
-# run's usual one with a large figure here was set by a disk that stalled, not by the moves.
+# fdatasync), in ms, that the nodes' LOGs report as slow (over 100 ms) between unix times FROM
+# and TO (seconds), or 0. A node warns as a slow commit ends, but at most once a second: a
+# slow commit within a second of a warning is named only by the node's next warning, if any,
+# so it can be missed or counted late. Every write waits for group commits, so a writer's p99
+# far above the run's usual one with a large figure here was set by a disk that stalled, not
+# by the moves.
 slowest_commit() {
     local from=$1 to=$2
     shift 2
@@ -135,9 +136,10 @@ slowest_commit() {
         while read -r stamp slowest; do
             echo "$(date -d "$stamp" +%s.%N) $slowest"
         done |
-        awk -v a="$from" -v b="$to" '$1 >= a && $1 <= b + 1 && $2 > max { max = $2 }
+        awk -v a="$from" -v b="$to" '$1 >= a && $1 <= b && $2 > max { max = $2 }
             END { print max + 0 }'
 }
+# json_field FILE EXPR: a python expression over the JSON document `d` in FILE.
 json_field() { "$PY" -c "import json, sys; d = json.load(open(sys.argv[1])); print($2)" "$1"; }
 
 : >"$OUT"
