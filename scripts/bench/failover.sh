@@ -21,9 +21,9 @@
 #   - other shards: over the 4 s after t0, how many of them had writes failing and the longest
 #     time one of them failed (other_ms; 0 if none did); and how long writes to SHARD failed
 #     again after its first acknowledged write (again_ms);
-#   - disk_ms: the slowest group commit a survivor logged as slow (over 100 ms) in those 4 s
-#     (plus the second its warning may lag), 0 if none: when every shard stalls at once, this
-#     tells a disk that stalled (under another process's writes, say) from a failover that did;
+#   - disk_ms: the slowest group commit a survivor logged as slow (over 100 ms) in those 4 s,
+#     0 if none (scripts/bench/slow_commits.sh): when every shard stalls at once, this tells a
+#     disk that stalled (under another process's writes, say) from a failover that did;
 #   then stops the probes, restarts the killed node, and waits until every node lists all
 #   members alive and SHARD's replicas agree on its leader. Prints each round, then min /
 #   median / max of each figure in ms. The probes' JSON lines are kept in .cluster/probe-*.jsonl.
@@ -38,6 +38,7 @@
 #        kill, as redis_failover.sh's write loop does
 set -euo pipefail
 cd "$(dirname "$0")/../.."
+source scripts/bench/slow_commits.sh
 
 NODES=${1:-5}
 ROUNDS=${2:-5}
@@ -80,6 +81,8 @@ trap 'exit 130' INT TERM
 
 # Unix milliseconds, without forking.
 now_ms() { local t=${EPOCHREALTIME//[!0-9]/}; echo $((t / 1000)); }
+# ms_to_s MS: unix ms as unix seconds with three decimals.
+ms_to_s() { printf '%d.%03d' $(($1 / 1000)) $(($1 % 1000)); }
 
 # `shard-info S` as node I sees it, on one line, or nothing when it does not answer.
 shard_info() {
@@ -163,24 +166,6 @@ swim_down() {
         done < <(grep -F "member down member=n$victim " ".cluster/n$index.log" | awk '{ print $1 }')
     done
     echo "$first"
-}
-
-# The slowest group commit (write-ahead log append and fdatasync) that a survivor of VICTIM
-# logged as slow (over 100 ms; at most one line a second per node, naming the slowest since
-# the last) from unix ms SINCE until UNTIL, in ms; 0 if none. Every write waits for a group
-# commit, so a round in which every shard stalled at once and this is large stalled on the
-# disk (another process writing to it, say), not in the failover.
-slowest_commit() {
-    local victim=$1 since=$2 until=$3 index stamp slowest ms max=0
-    for ((index = 0; index < NODES; index++)); do
-        ((index == victim)) && continue
-        while read -r stamp slowest; do
-            ms=$(date -d "$stamp" +%s%3N) || continue
-            if ((ms >= since && ms <= until && slowest > max)); then max=$slowest; fi
-        done < <(grep -F "slow group commit" ".cluster/n$index.log" |
-            sed -n 's/^\([^ ]*\) .*slowest_ms=\([0-9]*\).*/\1 \2/p')
-    done
-    echo "$max"
 }
 
 # Starts a probe writing SHARD_ARGS... every INTERVAL ms through node SEED, output to FILE.
@@ -364,8 +349,12 @@ for ((round = 1; round <= ROUNDS; round++)); do
     sampled=$(($(tr ',' '\n' <<<"$others" | wc -l) - $(wc -w <<<"$excluded")))
     down=$(swim_down "$victim" "$killed")
     [[ -z $down ]] || down=$((down - killed))
-    # A slow commit is logged up to a second after it ended.
-    disk=$(slowest_commit "$victim" "$killed" $((killed + WATCH_MS + 1000)))
+    survivor_logs=()
+    for ((index = 0; index < NODES; index++)); do
+        ((index == victim)) || survivor_logs+=(".cluster/n$index.log")
+    done
+    disk=$(slowest_commit "$(ms_to_s "$killed")" "$(ms_to_s $((killed + WATCH_MS)))" \
+        "${survivor_logs[@]}")
 
     echo "round $round: after ${steady} ms of probing, killed n$victim (leader of shard $SHARD;" \
         "SIGKILL sent within ${signalled} ms)," \

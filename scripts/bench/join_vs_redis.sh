@@ -52,6 +52,7 @@ REDIS_BASE=${REDIS_BENCH_PORT:-7700}
 
 # shellcheck source=scripts/bench/redis_cluster.sh
 source scripts/bench/redis_cluster.sh
+source scripts/bench/slow_commits.sh
 [[ -n ${SLOTRING_ONLY:-} ]] || redis_install
 
 TARGET=${CARGO_TARGET_DIR:-target}
@@ -121,24 +122,6 @@ wait_quiet() {
 # The interpreter itself, not a version manager's shim: a shim is a shell script that starts
 # several processes per call, and the polling below calls python while the join runs.
 PY=$(python3 -c 'import sys; print(sys.executable)')
-# slowest_commit FROM TO LOG...: the slowest group commit (write-ahead log append and
-# fdatasync), in ms, that the nodes' LOGs report as slow (over 100 ms) between unix times FROM
-# and TO (seconds), or 0. A node warns as a slow commit ends, but at most once a second: a
-# slow commit within a second of a warning is named only by the node's next warning, if any,
-# so it can be missed or counted late. Every write waits for group commits, so a writer's p99
-# far above the run's usual one with a large figure here was set by a disk that stalled, not
-# by the moves.
-slowest_commit() {
-    local from=$1 to=$2
-    shift 2
-    grep -h -F "slow group commit" "$@" 2>/dev/null |
-        sed -n 's/^\([^ ]*\) .*slowest_ms=\([0-9]*\).*/\1 \2/p' |
-        while read -r stamp slowest; do
-            echo "$(date -d "$stamp" +%s.%N) $slowest"
-        done |
-        awk -v a="$from" -v b="$to" '$1 >= a && $1 <= b && $2 > max { max = $2 }
-            END { print max + 0 }'
-}
 # json_field FILE EXPR: a python expression over the JSON document `d` in FILE.
 json_field() { "$PY" -c "import json, sys; d = json.load(open(sys.argv[1])); print($2)" "$1"; }
 
