@@ -268,6 +268,11 @@ pub struct Stats {
     pub turn_undead_dropped: u64,
     /// Times this node found itself stalled.
     pub stalls: u64,
+    /// Replication messages dropped for naming a shard the spec does not have.
+    pub unknown_shard_messages: u64,
+    /// Replication messages dropped as not well formed
+    /// ([`Message::is_well_formed`](crate::replica::Message::is_well_formed)).
+    pub malformed_replication_messages: u64,
 }
 
 #[derive(Debug, Default)]
@@ -726,6 +731,15 @@ impl Cluster {
                         "replication messages only from the node that sends them".into(),
                     );
                 }
+                let mut batch = batch;
+                let count = self.spec.table.shards.get();
+                let before = batch.messages.len();
+                // A shard the spec does not have is a corrupted frame's (or a bug's): a
+                // leader's message would create its replica here (R6).
+                batch
+                    .messages
+                    .retain(|(shard, _, _)| u32::from(*shard) < count);
+                self.stats.unknown_shard_messages += (before - batch.messages.len()) as u64;
                 self.host.handle_peer_batch(now, batch);
                 let created = self.host.take_created();
                 if !created.is_empty() {
@@ -918,7 +932,10 @@ impl Cluster {
 
     /// Counters of dropped input.
     pub fn stats(&self) -> Stats {
-        self.stats
+        Stats {
+            malformed_replication_messages: self.host.malformed_messages(),
+            ..self.stats
+        }
     }
 
     /// The local health score (0 is healthy); the suspicion timeout is scaled by `1 + score`.

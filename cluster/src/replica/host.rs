@@ -166,6 +166,8 @@ pub struct ShardHost {
     /// Shards a leader's message created here since [`ShardHost::take_created`] last ran: they
     /// need their target and view.
     created: Vec<u16>,
+    /// Peer messages dropped as not well formed.
+    malformed_messages: u64,
 }
 
 impl ShardHost {
@@ -199,6 +201,7 @@ impl ShardHost {
             move_budget: 0,
             budget_at: Duration::ZERO,
             created: Vec::new(),
+            malformed_messages: 0,
         }
     }
 
@@ -210,6 +213,11 @@ impl ShardHost {
     /// The replica of `shard`, if this node holds one.
     pub fn replica(&self, shard: u16) -> Option<&ShardReplica> {
         self.replicas.get(shard).map(|replica| &**replica)
+    }
+
+    /// How many peer messages were dropped as not [well formed](Message::is_well_formed).
+    pub fn malformed_messages(&self) -> u64 {
+        self.malformed_messages
     }
 
     /// The shards a leader's message created here since the last call, in the order created:
@@ -255,9 +263,16 @@ impl ShardHost {
         self.drain(now, shard);
     }
 
-    /// Messages from peer replicas (one frame from one node).
+    /// Messages from peer replicas (one frame from one node). A message that is not
+    /// [well formed](Message::is_well_formed) is dropped and counted
+    /// ([`malformed_messages`](Self::malformed_messages)).
     pub fn handle_peer_batch(&mut self, now: Duration, batch: PeerBatch) {
         for (shard, to, message) in batch.messages {
+            if !message.is_well_formed() {
+                self.malformed_messages += 1;
+                tracing::debug!(shard, from = %batch.from.node, "a malformed replication message dropped");
+                continue;
+            }
             if !self.replicas.contains_key(shard) {
                 match &message {
                     // Only a leader creates shard state on another node (R6).

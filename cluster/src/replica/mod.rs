@@ -2008,6 +2008,17 @@ impl ShardReplica {
         if candidate.b != b {
             return;
         }
+        // A suffix holds the acceptor's entries after the commit index the candidate sent,
+        // and adopting it appends it there: one that starts elsewhere is not a promise a
+        // correct acceptor makes (the shape of the rest the host checked).
+        if suffix
+            .as_ref()
+            .and_then(|suffix| suffix.first())
+            .is_some_and(|first| Some(first.index) != candidate.commit_at_prepare.checked_add(1))
+        {
+            tracing::debug!(from = %from.node, "a promise whose suffix starts out of place dropped");
+            return;
+        }
         let promise = ReceivedPromise {
             member: from.clone(),
             last,

@@ -122,6 +122,18 @@ pub struct Config {
 }
 
 impl Config {
+    /// Whether a correct replica could have made this config: at least one voter, and no
+    /// member named twice. A peer's message holding one that is not is dropped
+    /// ([`Message::is_well_formed`]): with no voters there is no majority to count.
+    pub fn is_well_formed(&self) -> bool {
+        let members: Vec<&Member> = self.voters.iter().chain(&self.learners).collect();
+        !self.voters.is_empty()
+            && members
+                .iter()
+                .enumerate()
+                .all(|(at, member)| !members[..at].contains(member))
+    }
+
     /// `⌊|voters|/2⌋ + 1`.
     pub fn majority(&self) -> usize {
         self.voters.len() / 2 + 1
@@ -164,6 +176,77 @@ pub enum NackReason {
         /// at `prev`).
         last: u64,
     },
+}
+
+/// Whether `entries` could be a stretch of one log starting at index `first`: consecutive
+/// indexes, ballots that never decrease, and only well-formed configs.
+fn is_log_run(entries: &[Entry], first: u64) -> bool {
+    let mut expected = Some(first);
+    let mut ballot: Option<&Ballot> = None;
+    for entry in entries {
+        if Some(entry.index) != expected || ballot.is_some_and(|before| *before > entry.ballot) {
+            return false;
+        }
+        if let Op::Config(config) = &entry.op
+            && !config.is_well_formed()
+        {
+            return false;
+        }
+        expected = entry.index.checked_add(1);
+        ballot = Some(&entry.ballot);
+    }
+    true
+}
+
+impl Message {
+    /// Whether a correct replica could have sent this message, as far as the message alone
+    /// tells: an `Append`'s entries follow `prev` one index at a time, with ballots that never
+    /// decrease and none above the leader's; a `Promise`'s suffix is such a run that ends at
+    /// its `last`; every config has a voter and names no member twice.
+    ///
+    /// Peers are authenticated, so a message that is not well formed comes from a bug or a
+    /// corrupted frame, not from the protocol's faults. The host drops it before a replica sees
+    /// it (the replicas rely on these shapes: an entry out of place would be appended where it
+    /// does not belong), and counts it. It does not check what only the receiver's state can
+    /// tell (whether a promise's suffix starts where the candidate asked; the candidate does).
+    pub fn is_well_formed(&self) -> bool {
+        match self {
+            Message::Append {
+                b, prev, entries, ..
+            } => {
+                prev.ballot.as_ref().is_none_or(|ballot| ballot <= b)
+                    && prev
+                        .index
+                        .checked_add(1)
+                        .is_some_and(|first| is_log_run(entries, first))
+                    && entries.iter().all(|entry| entry.ballot <= *b)
+                    && entries.first().is_none_or(|first| {
+                        prev.ballot
+                            .as_ref()
+                            .is_none_or(|ballot| *ballot <= first.ballot)
+                    })
+            }
+            Message::Promise {
+                last,
+                config,
+                suffix,
+                ..
+            } => {
+                config.is_well_formed()
+                    && suffix.as_deref().is_none_or(|suffix| match suffix {
+                        [] => true,
+                        [first, ..] => {
+                            is_log_run(suffix, first.index)
+                                && suffix.last().is_some_and(|end| end.pos() == *last)
+                        }
+                    })
+            }
+            Message::Snapshot { config, .. } | Message::Removed { config, .. } => {
+                config.is_well_formed()
+            }
+            _ => true,
+        }
+    }
 }
 
 /// A replica-to-replica message of one shard.

@@ -95,6 +95,10 @@ pub(crate) struct Net {
     pub(crate) cut: Option<Vec<usize>>,
     /// The config every node (re)started from now on gets.
     pub(crate) config: Config,
+    /// Each datagram, node-to-node request and replication frame has a few of its bytes
+    /// changed with this probability, in per-mille ([`mangle_bytes`]); a request or frame
+    /// that no longer decodes is lost, as a node drops it.
+    pub(crate) mangle_per_mille: u32,
 }
 
 impl Net {
@@ -110,6 +114,7 @@ impl Net {
             refused: BTreeMap::new(),
             cut: None,
             config: Config::default(),
+            mangle_per_mille: 0,
         }
     }
 
@@ -375,8 +380,10 @@ impl Net {
                 Transmit::Request {
                     id, to, request, ..
                 } => {
-                    let answer = match self.index_of(to) {
-                        Some(target)
+                    let request = self.maybe_mangle(request);
+                    let answer = match (self.index_of(to), request) {
+                        (Some(_), None) => Err("a frame that does not decode".to_owned()),
+                        (Some(target), Some(request))
                             if self.slots[target].core.is_some()
                                 && !self.slots[target].paused
                                 && !self.separated(index, target) =>
@@ -384,7 +391,8 @@ impl Net {
                             let core = self.slots[target].core.as_mut().unwrap();
                             let answer = core.handle_request(now, Some(&name(index)), request);
                             self.flush(target);
-                            Ok(answer)
+                            self.maybe_mangle(answer)
+                                .ok_or_else(|| "an answer that does not decode".to_owned())
                         }
                         _ => Err("unreachable".to_owned()),
                     };
@@ -398,6 +406,21 @@ impl Net {
                 Transmit::Connect { .. } | Transmit::Forget { .. } => {}
             }
         }
+    }
+
+    /// `message` as the receiver decodes it after a few of its bytes changed in flight, with
+    /// probability `mangle_per_mille`; `None` when it no longer decodes.
+    fn maybe_mangle<T: serde::Serialize + serde::de::DeserializeOwned>(
+        &mut self,
+        message: T,
+    ) -> Option<T> {
+        // No draw without mangling: the other tests' seeds keep their runs.
+        if self.mangle_per_mille == 0 || self.rng.random_range(0..1000) >= self.mangle_per_mille {
+            return Some(message);
+        }
+        let mut bytes = cluster::wire::encode(&message);
+        mangle_bytes(&mut bytes, &mut self.rng);
+        cluster::wire::decode(&bytes).ok()
     }
 
     /// Runs the network until `until` (virtual time).
@@ -431,9 +454,19 @@ impl Net {
                     Payload::Datagram(payload) if self.slots[to].paused => {
                         self.slots[to].held.push((flight.from, payload));
                     }
-                    Payload::Datagram(payload) => self.deliver(now, flight.from, to, &payload),
+                    Payload::Datagram(mut payload) => {
+                        if self.mangle_per_mille > 0
+                            && self.rng.random_range(0..1000) < self.mangle_per_mille
+                        {
+                            mangle_bytes(&mut payload, &mut self.rng);
+                        }
+                        self.deliver(now, flight.from, to, &payload);
+                    }
                     // A frame to a paused or cut-off node is lost (its stream would break).
                     Payload::Replicate(batch) => {
+                        let Some(batch) = self.maybe_mangle(batch) else {
+                            continue;
+                        };
                         if !self.slots[to].paused
                             && !self.separated(flight.from, to)
                             && let Some(core) = self.slots[to].core.as_mut()
@@ -493,6 +526,24 @@ impl Net {
 }
 
 /// The seeds a test runs: `SLOTRING_SEED` alone if set, else `0..count`.
+/// Changes one to three of `bytes` (a bit flipped, or the byte set to 0, 0xff or a random
+/// value): a frame corrupted in a way its length still allows, for tests that peer bytes never
+/// panic a node.
+pub(crate) fn mangle_bytes(bytes: &mut [u8], rng: &mut StdRng) {
+    if bytes.is_empty() {
+        return;
+    }
+    for _ in 0..rng.random_range(1..=3) {
+        let at = rng.random_range(0..bytes.len());
+        bytes[at] = match rng.random_range(0..4) {
+            0 => bytes[at] ^ (1 << rng.random_range(0..8)),
+            1 => 0,
+            2 => 0xff,
+            _ => rng.random(),
+        };
+    }
+}
+
 pub(crate) fn seeds(count: u64) -> Vec<u64> {
     match std::env::var("SLOTRING_SEED")
         .ok()
