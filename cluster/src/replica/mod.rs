@@ -33,9 +33,9 @@ pub use self::image::{ImageBuilder, ImagePairs, OutOfOrder, StateImage};
 pub use self::snapshot::{MemoryViews, Pairs, SnapshotRead, SnapshotReadReply, ViewId};
 pub use self::state::{KvState, Pairs as KvPairs, StateDigest};
 pub use self::types::{
-    Ballot, ClientOp, ClientReply, ClientRoute, Config, Entry, Member, Message, NackReason, Op,
-    PairHasher, Pos, PreVerdict, RejectReason, RequestTag, StorageId, VerifyOutcome,
-    copy_checksums, snapshot_digest,
+    Ballot, COUNTER_LIMIT, ClientOp, ClientReply, ClientRoute, Config, Entry, Member, Message,
+    NackReason, Op, PairHasher, Pos, PreVerdict, RejectReason, RequestTag, StorageId,
+    VerifyOutcome, copy_checksums, snapshot_digest,
 };
 
 /// The first multiple of `grid` at or after `at` (`at` itself for a zero grid).

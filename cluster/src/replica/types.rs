@@ -198,11 +198,19 @@ fn is_log_run(entries: &[Entry], first: u64) -> bool {
     true
 }
 
+/// No ballot number, log index, heartbeat round or chunk number a correct replica sends
+/// reaches this: each grows by one at a time, and at one a microsecond 2^62 takes 146,000
+/// years. A peer's message naming one at or above it is not well formed, so a replica adds
+/// one to any of them (the next ballot, the index after an acknowledged one) without
+/// overflow.
+pub const COUNTER_LIMIT: u64 = 1 << 62;
+
 impl Message {
     /// Whether a correct replica could have sent this message, as far as the message alone
-    /// tells: an `Append`'s entries follow `prev` one index at a time, with ballots that never
-    /// decrease and none above the leader's; a `Promise`'s suffix is such a run that ends at
-    /// its `last`; every config has a voter and names no member twice.
+    /// tells: every ballot number, index and round in it is below [`COUNTER_LIMIT`]; an
+    /// `Append`'s entries follow `prev` one index at a time, with ballots that never decrease
+    /// and none above the leader's; a `Promise`'s suffix is such a run that ends at its
+    /// `last`; every config has a voter and names no member twice.
     ///
     /// Peers are authenticated, so a message that is not well formed comes from a bug or a
     /// corrupted frame, not from the protocol's faults. The host drops it before a replica sees
@@ -210,6 +218,85 @@ impl Message {
     /// does not belong), and counts it. It does not check what only the receiver's state can
     /// tell (whether a promise's suffix starts where the candidate asked; the candidate does).
     pub fn is_well_formed(&self) -> bool {
+        self.counters_below_limit() && self.is_well_shaped()
+    }
+
+    /// Whether every ballot number, log index, round and chunk number the message names is
+    /// below [`COUNTER_LIMIT`]. An `Append`'s entries and a `Promise`'s suffix are bounded by
+    /// its `prev`, ballot and `last` once [well shaped](Self::is_well_shaped).
+    fn counters_below_limit(&self) -> bool {
+        let below = |n: u64| n < COUNTER_LIMIT;
+        let ballot = |b: &Ballot| below(b.n);
+        let at = |pos: &Pos| below(pos.index) && pos.ballot.as_ref().is_none_or(ballot);
+        match self {
+            Message::Prepare {
+                b,
+                last,
+                commit,
+                handoff_from,
+            } => {
+                ballot(b) && at(last) && below(*commit) && handoff_from.as_ref().is_none_or(ballot)
+            }
+            Message::Promise { b, last, .. } | Message::PreVote { b, last } => {
+                ballot(b) && at(last)
+            }
+            Message::Reject { b, reason } => {
+                ballot(b)
+                    && match reason {
+                        RejectReason::Higher(higher) => ballot(higher),
+                        RejectReason::NotVoter(pos, _) | RejectReason::Tombstone(pos, _) => at(pos),
+                        RejectReason::Sticky(_) | RejectReason::NoState => true,
+                    }
+            }
+            Message::Append {
+                b,
+                prev,
+                entries,
+                commit,
+                hb_seq,
+                ..
+            } => {
+                ballot(b)
+                    && at(prev)
+                    && below(*commit)
+                    && below(*hb_seq)
+                    && below(prev.index.saturating_add(entries.len() as u64))
+            }
+            Message::AppendOk {
+                b, matched, hb_seq, ..
+            } => ballot(b) && below(*matched) && below(*hb_seq),
+            Message::AppendNack { b, reason } => {
+                ballot(b)
+                    && match reason {
+                        NackReason::Higher(higher) => ballot(higher),
+                        NackReason::Conflict { last } => below(*last),
+                    }
+            }
+            Message::Verify { b, index } | Message::VerifyOk { b, index, .. } => {
+                ballot(b) && below(*index)
+            }
+            Message::Removed {
+                b,
+                config_pos,
+                matched,
+                ..
+            } => ballot(b) && at(config_pos) && below(*matched),
+            Message::Snapshot { b, base, seq, .. } => ballot(b) && at(base) && below(*seq),
+            Message::SnapshotOk { b, base, next, .. } => ballot(b) && at(base) && below(*next),
+            Message::PreVoteReply { b, verdict } => {
+                ballot(b)
+                    && match verdict {
+                        PreVerdict::Refused { promised } => below(*promised),
+                        PreVerdict::Granted | PreVerdict::Stale => true,
+                    }
+            }
+            Message::TimeoutNow { b } | Message::RemovedOk { b } => ballot(b),
+            Message::Probe => true,
+        }
+    }
+
+    /// The shape checks of [`is_well_formed`](Self::is_well_formed) beyond the counters' limit.
+    fn is_well_shaped(&self) -> bool {
         match self {
             Message::Append {
                 b, prev, entries, ..

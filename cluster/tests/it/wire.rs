@@ -195,8 +195,9 @@ fn snapshot_batch(
 }
 
 /// What `Message::is_well_formed` turns away: entries out of place in an `Append`, a ballot
-/// above the leader's, a promise whose suffix does not end at its `last`, a config without
-/// voters or naming a member twice; and what it lets through: the messages a replica sends.
+/// above the leader's, a counter at the limit, a promise whose suffix does not end at its
+/// `last`, a config without voters or naming a member twice; and what it lets through: the
+/// messages a replica sends.
 #[test]
 fn malformed_replication_messages_are_told_apart() {
     use cluster::replica::{Ballot, Config, Entry, Member, Message, Op, Pos, StorageId};
@@ -246,6 +247,26 @@ fn malformed_replication_messages_are_told_apart() {
     let mut bad_config = entry(2, 8);
     bad_config.op = Op::Config(config(vec![], vec![]));
     assert!(!append(at(2, 7), vec![bad_config]).is_well_formed());
+
+    // Counters at or above the limit: the next ballot, or the index after one, would
+    // overflow.
+    let limit = cluster::replica::COUNTER_LIMIT;
+    assert!(!Message::TimeoutNow { b: ballot(limit) }.is_well_formed());
+    assert!(
+        Message::TimeoutNow {
+            b: ballot(limit - 1)
+        }
+        .is_well_formed()
+    );
+    let ack = |matched| Message::AppendOk {
+        b: ballot(3),
+        matched,
+        hb_seq: 1,
+        lease: false,
+    };
+    assert!(ack(limit - 1).is_well_formed());
+    assert!(!ack(u64::MAX).is_well_formed());
+    assert!(!append(at(2, limit - 1), vec![entry(2, limit)]).is_well_formed());
 
     let promise = |last: Pos, suffix: Option<Vec<Entry>>| Message::Promise {
         b: ballot(3),
