@@ -255,8 +255,8 @@ pub enum Event {
     },
 }
 
-/// Counters of dropped or odd input, for `status` and tests.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+/// Counters of dropped or odd input since the node started, for `node status` and tests.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct Stats {
     /// Datagrams that did not decode or that foca refused.
     pub bad_datagrams: u64,
@@ -1393,6 +1393,7 @@ impl Cluster {
             shards_under_replicated,
             moving: self.moves_led_here(),
             held: self.held(),
+            stats: self.stats(),
         }
     }
 

@@ -16,7 +16,7 @@ use topology::NodeId;
 
 /// The version every frame starts with; a peer speaking another one is refused with
 /// [`Error::WireVersion`].
-pub const WIRE_VERSION: u16 = 8;
+pub const WIRE_VERSION: u16 = 9;
 
 /// The tag byte of a datagram that carries a SWIM (foca) packet.
 pub const DATAGRAM_SWIM: u8 = 1;
@@ -399,6 +399,8 @@ pub struct StatusView {
     pub moving: Vec<MoveView>,
     /// What the answering node stores.
     pub held: HeldView,
+    /// The input the answering node dropped since it started, by kind.
+    pub stats: crate::Stats,
 }
 
 /// The data one node stores: its replicas that are not tombstoned, and their keys at each

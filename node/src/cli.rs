@@ -9,6 +9,7 @@ use std::process::ExitCode;
 
 use anyhow::{Context, Result, bail};
 use bytes::Bytes;
+use cluster::Stats;
 use cluster::wire::{
     self, CopyProgress, DigestRole, HeldView, MoveView, NodeRef, Request, Response, ShardInfoView,
     StatusView,
@@ -335,7 +336,30 @@ pub(crate) async fn members(query: &QueryArgs) -> Result<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
-fn status_json(view: &StatusView, held: &BTreeMap<String, HeldView>) -> Value {
+/// The input a node dropped (`node status`'s `dropped`): peers' bytes that did not decode, came
+/// from another identity or spec, or were malformed replication messages.
+fn dropped_json(stats: &Stats) -> Value {
+    json!({
+        "bad_datagrams": stats.bad_datagrams,
+        "identity_mismatches": stats.identity_mismatches,
+        "foreign_spec": stats.foreign_spec,
+        "turn_undead": stats.turn_undead_dropped,
+        "unknown_shard_messages": stats.unknown_shard_messages,
+        "malformed_replication_messages": stats.malformed_replication_messages,
+    })
+}
+
+/// All of a node's dropped input, for the table's `DROPPED` column.
+fn dropped_total(stats: &Stats) -> u64 {
+    stats.bad_datagrams
+        + stats.identity_mismatches
+        + stats.foreign_spec
+        + stats.turn_undead_dropped
+        + stats.unknown_shard_messages
+        + stats.malformed_replication_messages
+}
+
+fn status_json(view: &StatusView, everywhere: &Everywhere) -> Value {
     json!({
         "version": 1,
         "node": view.node.as_str(),
@@ -352,7 +376,8 @@ fn status_json(view: &StatusView, held: &BTreeMap<String, HeldView>) -> Value {
             "generation": n.member.generation,
             "leads": n.leads,
             "replicates": n.replicates,
-            "held": held.get(n.member.id.as_str()).map(|h| json!({"shards": h.shards, "keys": h.keys, "retired": h.retired})),
+            "held": everywhere.held.get(n.member.id.as_str()).map(|h| json!({"shards": h.shards, "keys": h.keys, "retired": h.retired})),
+            "dropped": everywhere.stats.get(n.member.id.as_str()).map(dropped_json),
         })).collect::<Vec<_>>(),
     })
 }
@@ -363,6 +388,7 @@ fn status_json(view: &StatusView, held: &BTreeMap<String, HeldView>) -> Value {
 pub(crate) struct Everywhere {
     pub(crate) moves: Vec<MoveView>,
     pub(crate) held: BTreeMap<String, HeldView>,
+    pub(crate) stats: BTreeMap<String, Stats>,
     pub(crate) silent: Vec<String>,
 }
 
@@ -375,6 +401,7 @@ pub(crate) async fn status_everywhere(
     let mut everywhere = Everywhere {
         moves: view.moving.clone(),
         held: BTreeMap::from([(view.node.to_string(), view.held)]),
+        stats: BTreeMap::from([(view.node.to_string(), view.stats)]),
         silent: Vec::new(),
     };
     // All at once: a member that does not answer costs one `--timeout`, not one each.
@@ -398,7 +425,8 @@ pub(crate) async fn status_everywhere(
         match answer {
             Ok(Response::Status(theirs)) => {
                 everywhere.moves.extend(theirs.moving);
-                everywhere.held.insert(id, theirs.held);
+                everywhere.held.insert(id.clone(), theirs.held);
+                everywhere.stats.insert(id, theirs.stats);
             }
             _ => everywhere.silent.push(id),
         }
@@ -452,16 +480,12 @@ pub(crate) async fn status(query: &QueryArgs) -> Result<ExitCode> {
     let Response::Status(view) = ask(&endpoint, query.addr, &Request::Status, query).await? else {
         bail!("unexpected answer from {}", query.addr);
     };
-    let Everywhere {
-        moves,
-        held,
-        silent,
-    } = status_everywhere(&endpoint, &view, query).await;
+    let everywhere = status_everywhere(&endpoint, &view, query).await;
     match query.output {
         Output::Json => {
-            let mut json = status_json(&view, &held);
-            json["moving"] = moves.iter().map(move_json).collect();
-            json["moving_unknown_from"] = json!(silent);
+            let mut json = status_json(&view, &everywhere);
+            json["moving"] = everywhere.moves.iter().map(move_json).collect();
+            json["moving_unknown_from"] = json!(everywhere.silent);
             print_json(&json);
         }
         Output::Table => {
@@ -469,13 +493,15 @@ pub(crate) async fn status(query: &QueryArgs) -> Result<ExitCode> {
             say!("table {} as seen by {}", view.digest, view.node);
             let mut rows = vec![
                 [
-                    "ID", "ADDRESS", "STATE", "GEN", "LEADS", "REPLICAS", "HELD", "KEYS", "RETIRED",
+                    "ID", "ADDRESS", "STATE", "GEN", "LEADS", "REPLICAS", "HELD", "KEYS",
+                    "RETIRED", "DROPPED",
                 ]
                 .map(str::to_owned)
                 .to_vec(),
             ];
             for n in &view.nodes {
-                let stored = held.get(n.member.id.as_str());
+                let stored = everywhere.held.get(n.member.id.as_str());
+                let stats = everywhere.stats.get(n.member.id.as_str());
                 rows.push(vec![
                     n.member.id.to_string(),
                     n.member.addr.to_string(),
@@ -486,10 +512,11 @@ pub(crate) async fn status(query: &QueryArgs) -> Result<ExitCode> {
                     or_dash(stored.map(|h| u64::from(h.shards))),
                     or_dash(stored.map(|h| h.keys)),
                     or_dash(stored.map(|h| u64::from(h.retired))),
+                    or_dash(stats.map(dropped_total)),
                 ]);
             }
             emit(&table(&rows));
-            print_moves(&moves, &silent);
+            print_moves(&everywhere.moves, &everywhere.silent);
         }
     }
     Ok(ExitCode::SUCCESS)

@@ -591,6 +591,24 @@ fn a_fourth_node_joins_during_writes() {
         .map(|node| node["held"]["retired"].as_u64().unwrap_or(0))
         .sum();
     assert_eq!(retired, diff.len() as u64, "retired copies: {status}");
+    // Correct peers send only well-formed replication messages for the spec's shards: no node
+    // dropped one through the join (every node answered, so each reports its counters).
+    for node in status["nodes"].as_array().expect("status lists nodes") {
+        let dropped = &node["dropped"];
+        assert!(
+            dropped.is_object(),
+            "{} reports what it dropped: {status}",
+            node["id"]
+        );
+        for kind in ["malformed_replication_messages", "unknown_shard_messages"] {
+            assert_eq!(
+                dropped[kind].as_u64(),
+                Some(0),
+                "{} dropped {kind}: {status}",
+                node["id"]
+            );
+        }
+    }
     let failed = failed_attempts(&histories);
     // The client library follows `moved` itself: a join costs the writers no error at all.
     assert!(

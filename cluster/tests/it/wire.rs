@@ -426,6 +426,8 @@ fn replication_messages_for_no_shard_or_malformed_are_dropped_and_counted() {
         after.malformed_replication_messages - before.malformed_replication_messages,
         1
     );
+    // `node status` reports the same counters.
+    assert_eq!(core.status().stats, after);
 }
 
 /// Peer bytes never panic a cluster: five nodes start, join, take their shards and take
