@@ -22,7 +22,7 @@ fn small_spec() -> ClusterSpec {
 }
 
 /// Three nodes: `n0` bootstraps the shards, `n1` and `n2` join.
-fn three_nodes(seed: u64) -> Net {
+pub(crate) fn three_nodes(seed: u64) -> Net {
     let mut net = Net::new(seed);
     net.spec = small_spec();
     net.start(0, None).unwrap();

@@ -292,13 +292,7 @@ fn mangled_requests_never_panic_a_node() {
     use std::time::Duration;
     let test = "mangled_requests_never_panic_a_node";
     for seed in crate::net::seeds(4) {
-        let mut net = Net::new(seed);
-        net.start(0, None).unwrap();
-        net.bootstrap_shards(0);
-        net.run_until(Duration::from_secs(1));
-        net.start(1, Some(0)).unwrap();
-        net.start(2, Some(1)).unwrap();
-        net.run_until(Duration::from_secs(10));
+        let mut net = crate::shards::three_nodes(seed);
         let core = net.core(0);
         let templates = [
             Request::Join {
