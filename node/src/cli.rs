@@ -349,14 +349,19 @@ fn dropped_json(stats: &Stats) -> Value {
     })
 }
 
-/// All of a node's dropped input, for the table's `DROPPED` column.
+/// All of a node's dropped input, for the table's `DROPPED` column. The counts come from a
+/// node's answer, so the sum saturates rather than overflow.
 fn dropped_total(stats: &Stats) -> u64 {
-    stats.bad_datagrams
-        + stats.identity_mismatches
-        + stats.foreign_spec
-        + stats.turn_undead_dropped
-        + stats.unknown_shard_messages
-        + stats.malformed_replication_messages
+    [
+        stats.bad_datagrams,
+        stats.identity_mismatches,
+        stats.foreign_spec,
+        stats.turn_undead_dropped,
+        stats.unknown_shard_messages,
+        stats.malformed_replication_messages,
+    ]
+    .into_iter()
+    .fold(0, u64::saturating_add)
 }
 
 fn status_json(view: &StatusView, everywhere: &Everywhere) -> Value {
@@ -893,5 +898,22 @@ mod tests {
         let (ok, line) = moves_pending(&[moving(3, &["n3"], Some("n3")), moving(4, &[], None)]);
         assert!(!ok, "{line}");
         assert!(line.starts_with("1 shards are moving and 1 are"), "{line}");
+    }
+
+    #[test]
+    fn the_dropped_column_sums_a_nodes_counts_and_saturates() {
+        let stats = Stats {
+            bad_datagrams: 2,
+            malformed_replication_messages: 3,
+            stalls: 7, // a stall is not dropped input
+            ..Stats::default()
+        };
+        assert_eq!(dropped_total(&stats), 5);
+        let huge = Stats {
+            bad_datagrams: u64::MAX,
+            foreign_spec: 1,
+            ..Stats::default()
+        };
+        assert_eq!(dropped_total(&huge), u64::MAX);
     }
 }

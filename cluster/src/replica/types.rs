@@ -306,7 +306,8 @@ impl Message {
                         .index
                         .checked_add(1)
                         .is_some_and(|first| is_log_run(entries, first))
-                    && entries.iter().all(|entry| entry.ballot <= *b)
+                    // The run's ballots never decrease: its last is its highest.
+                    && entries.last().is_none_or(|last| last.ballot <= *b)
                     && entries.first().is_none_or(|first| {
                         prev.ballot
                             .as_ref()
