@@ -9,8 +9,11 @@
 //!
 //! Reads use ReadIndex, or R9's leases where `ReplicaConfig::lease_reads` says so.
 //!
-//! What it does not do (yet): `(client, req)` deduplication, R6's write throttle when a
-//! learner never catches up, and giving up on a learner after `T_catchup`.
+//! A learner that tails the log without catching up makes its leader pause new writes now and
+//! then, briefly (R6's "r ≤ w", `ReplicaConfig::catchup_patience`), and after `t_catchup` its
+//! leader stops keeping the log for it.
+//!
+//! What it does not do (yet): `(client, req)` deduplication.
 
 mod bytes;
 mod host;
@@ -169,6 +172,23 @@ pub struct ReplicaConfig {
     /// the leader, and neither raises its own promise nor deposes that leader. Handoffs
     /// (`TimeoutNow`) stand at once. Default on.
     pub pre_vote: bool,
+    /// R6's "r ≤ w": a live learner that has tailed the log (no snapshot in flight) this long
+    /// without catching up makes its leader hold new writes, unappended, until the learner is
+    /// promoted or `catchup_pause` has passed, and again at most once per this long. Under a
+    /// write rate the learner cannot match, its lag never reaches zero (a learner is promoted
+    /// only once it holds everything committed), and the move would never end. Zero: never
+    /// pause. Default 1 s.
+    pub catchup_patience: Duration,
+    /// The longest such pause of a shard's writes; its end is noticed at the next heartbeat
+    /// round, so a pause lasts at most this plus a heartbeat. Writes held when the leader
+    /// steps down are answered `Moved` (they were never appended). Default 100 ms: a caught-up
+    /// learner needs a round trip and an fsync.
+    pub catchup_pause: Duration,
+    /// R6's `T_catchup`: after tailing this long without catching up, a learner no longer
+    /// holds back the leader's compaction and no longer pauses writes. Once its log is
+    /// compacted past it, it receives a snapshot again and starts over. (A log past
+    /// `4 × compact_after` entries is compacted sooner anyway.) Default 30 s.
+    pub t_catchup: Duration,
 }
 
 impl Default for ReplicaConfig {
@@ -194,6 +214,9 @@ impl Default for ReplicaConfig {
             learner_probe: Duration::from_secs(5),
             heartbeat_skip_recent: Duration::from_millis(50),
             pre_vote: true,
+            catchup_patience: Duration::from_secs(1),
+            catchup_pause: Duration::from_millis(100),
+            t_catchup: Duration::from_secs(30),
         }
     }
 }
@@ -567,6 +590,28 @@ pub struct Leader {
     /// When each follower was last sent an `Append`, kept only while
     /// `heartbeat_skip_recent` is on: periodic rounds skip the recent ones.
     appended_at: BTreeMap<NodeId, Duration>,
+    /// The learners tailing the log (R6): no snapshot in flight to them.
+    tailing: BTreeMap<NodeId, Tailing>,
+    /// New writes held for a learner that does not catch up (R6's "r ≤ w"), in `held`.
+    paused: Option<Pause>,
+}
+
+/// A learner tailing its leader's log (R6).
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+struct Tailing {
+    /// When it was first seen tailing (its snapshot installed, or none needed).
+    since: Duration,
+    /// No pause of writes for it before this.
+    no_pause_before: Duration,
+    /// Past `t_catchup`: the leader no longer keeps its log for it nor pauses for it.
+    given_up: bool,
+}
+
+/// New writes held so that `learner` catches up (R6).
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+struct Pause {
+    learner: NodeId,
+    until: Duration,
 }
 
 /// A member a committed config dropped, told `Removed` until it acknowledges (R8).
@@ -1125,6 +1170,14 @@ impl ShardReplica {
             bytes,
             bytes_total: *bytes_total,
         })
+    }
+
+    /// As a leader holding new writes for a learner to catch up (R6), that learner.
+    pub fn writes_paused_for(&self) -> Option<&NodeId> {
+        match &self.role {
+            Role::Leader(leader) => leader.paused.as_ref().map(|pause| &pause.learner),
+            _ => None,
+        }
     }
 
     /// As a leader, the members whose promises opened its ballot (R2.3); else empty.
@@ -2161,6 +2214,8 @@ impl ShardReplica {
             lease_acked: BTreeMap::new(),
             lease_forfeited: false,
             appended_at: BTreeMap::new(),
+            tailing: BTreeMap::new(),
+            paused: None,
         };
         for voter in voters.iter().filter(|v| v.node != self.me.node) {
             leader
@@ -2361,6 +2416,7 @@ impl ShardReplica {
             .is_some_and(|first| first != &self.me && self.same_member(first, from));
         if (learner || handoff_target) && self.established_ballot().is_some() {
             self.reconfigure(now);
+            self.settle_pause(now);
         }
     }
 
@@ -2399,8 +2455,9 @@ impl ShardReplica {
         let Role::Leader(leader) = &mut self.role else {
             return;
         };
-        if leader.transfer.is_some() {
-            // R7: held, never appended; answered `Moved` once the target leads.
+        if leader.transfer.is_some() || leader.paused.is_some() {
+            // R7: held, never appended; answered `Moved` once the target leads. R6: held
+            // until the learner caught up.
             leader.held.push((tag, op));
             return;
         }
@@ -3000,7 +3057,8 @@ impl ShardReplica {
 
     /// Log compaction: once `compact_after` applied entries sit after the base, the base moves
     /// up to the applied index less a quarter of `compact_after`; a leader keeps what the
-    /// members it heard from within `t_elect` still need, unless its log is over the hard cap.
+    /// members it heard from within `t_elect` still need (but not learners it gave up on
+    /// after `t_catchup`), unless its log is over the hard cap.
     fn maybe_compact(&mut self, now: Duration) {
         let every = self.config.compact_after.max(1);
         let base = self.durable.base.pos.index;
@@ -3033,7 +3091,11 @@ impl ShardReplica {
                     .last_ack
                     .get(&member.node)
                     .is_some_and(|at| *at >= window_start);
-                if member.node == self.me.node || !live {
+                let given_up = leader
+                    .tailing
+                    .get(&member.node)
+                    .is_some_and(|tailing| tailing.given_up);
+                if member.node == self.me.node || !live || given_up {
                     continue;
                 }
                 // A transfer needs the entries after its view; one still opening, every entry
@@ -3119,6 +3181,7 @@ impl ShardReplica {
             self.serve_reads();
             if self.established_ballot().is_some() {
                 self.reconfigure(now);
+                self.settle_pause(now);
             }
         }
     }
@@ -3496,6 +3559,109 @@ impl ShardReplica {
         }
     }
 
+    /// R6's "r ≤ w": notes which learners tail the log, pauses new writes for one that has
+    /// not caught up within `catchup_patience`, and gives up on one after `t_catchup`.
+    /// Called every heartbeat round. A learner that no longer acknowledges within `t_elect`
+    /// pauses nothing: the writes would wait for no one.
+    fn pace_learners(&mut self, now: Duration) {
+        self.settle_pause(now);
+        let commit = self.commit;
+        let patience = self.config.catchup_patience;
+        let pause = self.config.catchup_pause;
+        let t_catchup = self.config.t_catchup;
+        let window_start = now.saturating_sub(self.config.t_elect);
+        let learners = &self.active_config.learners;
+        let Role::Leader(leader) = &mut self.role else {
+            return;
+        };
+        let snapshots = &leader.snapshots;
+        leader.tailing.retain(|node, _| {
+            !snapshots.contains_key(node) && learners.iter().any(|l| &l.node == node)
+        });
+        if !leader.established {
+            return;
+        }
+        for learner in learners.iter().filter(|l| l.node != self.me.node) {
+            if leader.snapshots.contains_key(&learner.node) {
+                continue;
+            }
+            let tailing = leader
+                .tailing
+                .entry(learner.node.clone())
+                .or_insert_with(|| Tailing {
+                    since: now,
+                    no_pause_before: now + patience,
+                    given_up: false,
+                });
+            if tailing.given_up {
+                continue;
+            }
+            if now.saturating_sub(tailing.since) >= t_catchup {
+                tailing.given_up = true;
+                tracing::warn!(
+                    shard = self.shard,
+                    learner = %learner.node,
+                    matched = leader.matched.get(&learner.node).copied().unwrap_or(0),
+                    commit,
+                    "a learner did not catch up within t_catchup: no longer keeping the log for it"
+                );
+                continue;
+            }
+            let matched = leader.matched.get(&learner.node).copied().unwrap_or(0);
+            let live = leader
+                .last_ack
+                .get(&learner.node)
+                .is_some_and(|at| *at >= window_start);
+            let caught_up = matched >= commit && commit > 0;
+            if patience.is_zero()
+                || !live
+                || caught_up
+                || now < tailing.no_pause_before
+                || leader.paused.is_some()
+                || leader.transfer.is_some()
+            {
+                continue;
+            }
+            tailing.no_pause_before = now + pause + patience;
+            tracing::info!(
+                shard = self.shard,
+                learner = %learner.node,
+                lag = commit.saturating_sub(matched),
+                "a learner is not catching up: pausing new writes"
+            );
+            leader.paused = Some(Pause {
+                learner: learner.node.clone(),
+                until: now + pause,
+            });
+        }
+    }
+
+    /// Ends a pause of writes (R6) once its learner is no learner any more (promoted, or
+    /// removed) or its time is up, and appends the writes it held.
+    fn settle_pause(&mut self, now: Duration) {
+        let Role::Leader(leader) = &mut self.role else {
+            return;
+        };
+        let Some(pause) = &leader.paused else {
+            return;
+        };
+        let learner = &pause.learner;
+        let still_learner = self
+            .active_config
+            .learners
+            .iter()
+            .any(|l| &l.node == learner);
+        if still_learner && now < pause.until {
+            return;
+        }
+        leader.paused = None;
+        // A handoff that started meanwhile holds them again (`append_write`).
+        let held = std::mem::take(&mut leader.held);
+        for (tag, op) in held {
+            self.append_write(now, tag, op);
+        }
+    }
+
     /// R7 (2): once the target holds everything committed, ask it to stand; (5) give up at
     /// the deadline.
     fn progress_transfer(&mut self, now: Duration) {
@@ -3826,6 +3992,7 @@ impl ShardReplica {
         self.progress_transfer(now);
         self.expire_verifications(now);
         self.reconfigure(now);
+        self.pace_learners(now);
         // Rounds fall on a grid (a quarter heartbeat, or a whole one while idle), so a node's
         // many shards heartbeat in the same instants and their messages share frames instead
         // of each round costing its own: with 1,024 idle shards, ~10 frames a second per peer
@@ -3982,7 +4149,8 @@ impl ShardReplica {
                         self.undecided.insert(index, (tag, leader.b.clone(), until));
                     }
                 }
-                // R7 (4): held writes were never appended; the target leads now.
+                // R7 (4): held writes were never appended; the target leads now (or none
+                // does: writes held for a learner, R6).
                 let moved_to = leader.transfer.as_ref().map(|t| t.to.node.clone());
                 let asked_to_stand = leader.transfer.as_ref().filter(|t| t.sent);
                 self.handed_to = asked_to_stand.map(|t| t.to.node.clone());

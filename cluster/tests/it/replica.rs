@@ -957,6 +957,195 @@ fn compaction_keeps_the_entries_a_slow_live_follower_needs() {
     }
 }
 
+// ---- R6: a learner slower than the writes ----
+
+/// The outcome of writing `per_ms` keys a millisecond through n0 for `span` while n3, a
+/// learner that hears its leader only every 15 ms, catches up.
+struct SlowLearnerRun {
+    /// When n3 became a voter, after the target named it.
+    promoted_after: Option<Duration>,
+    /// The longest wait of a write for its answer.
+    slowest_write: Duration,
+    /// Writes sent, and writes answered `Ok`.
+    sent: u64,
+    acked: u64,
+    /// Whether n0 ever held writes for n3.
+    paused: bool,
+}
+
+fn write_past_a_slow_learner(
+    seed: u64,
+    config: ReplicaConfig,
+    per_ms: u64,
+    span: Duration,
+    replay: &str,
+) -> (Group, SlowLearnerRun) {
+    let mut group = Group::with_config(3, 1, seed, config);
+    group.run(Duration::from_secs(1));
+    assert_eq!(group.leader(), Some(0), "{replay}");
+    group.slow = Some((3, 15));
+    group.handle_target(&(0..4).map(member).collect::<Vec<_>>());
+    let start = group.now;
+    let mut sent_at: BTreeMap<u64, Duration> = BTreeMap::new();
+    let mut run = SlowLearnerRun {
+        promoted_after: None,
+        slowest_write: Duration::ZERO,
+        sent: 0,
+        acked: 0,
+        paused: false,
+    };
+    let mut key = 0;
+    while group.now - start < span {
+        for _ in 0..per_ms {
+            group.client(0, tag(key), put(key));
+            sent_at.insert(key, group.now);
+            key += 1;
+        }
+        group.run(Duration::from_millis(1));
+        let leader = group.replicas[0].as_ref().expect("n0 runs");
+        run.paused |= leader.writes_paused_for() == Some(&member(3).node);
+        if run.promoted_after.is_none() && leader.config().voters.contains(&member(3)) {
+            run.promoted_after = Some(group.now - start);
+        }
+        sent_at.retain(|key, at| match group.replies.get(&tag(*key)) {
+            Some(reply) => {
+                assert_eq!(
+                    reply,
+                    &ClientReply::Ok { value: None },
+                    "key {key}; {replay}"
+                );
+                run.slowest_write = run.slowest_write.max(group.now - *at);
+                run.acked += 1;
+                false
+            }
+            None => true,
+        });
+    }
+    run.sent = key;
+    (group, run)
+}
+
+/// R6's "r ≤ w": a learner slower than the writes never holds everything committed, so it is
+/// never promoted; its leader pauses new writes briefly, the learner catches up in the pause
+/// and is promoted. Without pauses (`catchup_patience` zero) the same run never promotes it.
+#[test]
+fn a_learner_slower_than_the_writes_is_promoted_after_a_short_pause() {
+    for seed in seeds(4) {
+        let replay = format!(
+            "seed {seed}: replay with SLOTRING_SEED={seed} cargo test -p cluster --test it \
+             a_learner_slower_than_the_writes"
+        );
+        let config = ReplicaConfig::default();
+        let (mut group, run) =
+            write_past_a_slow_learner(seed, config.clone(), 2, Duration::from_secs(3), &replay);
+        let promoted = run.promoted_after.expect(&replay);
+        assert!(run.paused, "{replay}");
+        assert!(
+            promoted >= config.catchup_patience
+                && promoted < config.catchup_patience + Duration::from_millis(300),
+            "promoted after one pause: {promoted:?}; {replay}"
+        );
+        assert!(
+            run.slowest_write
+                <= config.catchup_pause + config.heartbeat + Duration::from_millis(20),
+            "the pause is bounded: {:?}; {replay}",
+            run.slowest_write
+        );
+        group.run(Duration::from_millis(300));
+        assert!(run.acked > 0, "{replay}");
+        for key in 0..run.sent {
+            assert_eq!(
+                group.replies.get(&tag(key)),
+                Some(&ClientReply::Ok { value: None }),
+                "every write held by the pause is appended after it; key {key}; {replay}"
+            );
+        }
+        assert_eq!(
+            durable(&group, 3).kv,
+            durable(&group, 0).kv,
+            "the promoted copy holds every write; {replay}"
+        );
+
+        let never = ReplicaConfig {
+            catchup_patience: Duration::ZERO,
+            ..ReplicaConfig::default()
+        };
+        let (_, run) = write_past_a_slow_learner(seed, never, 2, Duration::from_secs(3), &replay);
+        assert_eq!(run.promoted_after, None, "{replay}");
+        assert!(!run.paused, "{replay}");
+    }
+}
+
+/// A learner that does not answer pauses nothing: writes would wait for no one.
+#[test]
+fn a_silent_learner_pauses_no_writes() {
+    for seed in seeds(4) {
+        let replay = format!(
+            "seed {seed}: replay with SLOTRING_SEED={seed} cargo test -p cluster --test it \
+             a_silent_learner_pauses_no_writes"
+        );
+        let mut group = Group::with_config(3, 1, seed, ReplicaConfig::default());
+        group.run(Duration::from_secs(1));
+        assert_eq!(group.leader(), Some(0), "{replay}");
+        group.cut_off(3);
+        group.handle_target(&(0..4).map(member).collect::<Vec<_>>());
+        for key in 0..3_000 {
+            group.client(0, tag(key), put(key));
+            group.run(Duration::from_millis(1));
+            let leader = group.replicas[0].as_ref().expect("n0 runs");
+            assert_eq!(leader.writes_paused_for(), None, "key {key}; {replay}");
+        }
+        assert!(
+            durable(&group, 0)
+                .active_config()
+                .learners
+                .contains(&member(3)),
+            "{replay}"
+        );
+    }
+}
+
+/// R6's `T_catchup`: a learner that pauses cannot rescue (they end before it catches up) is
+/// given up after `t_catchup`: the leader no longer keeps its log for it, so it gets a
+/// snapshot again (and starts over).
+#[test]
+fn a_learner_that_never_catches_up_is_given_up_after_t_catchup() {
+    for seed in seeds(4) {
+        let replay = format!(
+            "seed {seed}: replay with SLOTRING_SEED={seed} cargo test -p cluster --test it \
+             a_learner_that_never_catches_up"
+        );
+        let config = ReplicaConfig {
+            compact_after: 64,
+            catchup_pause: Duration::from_millis(1),
+            t_catchup: Duration::from_secs(2),
+            ..ReplicaConfig::default()
+        };
+        let (group, run) = write_past_a_slow_learner(
+            seed,
+            config.clone(),
+            1,
+            Duration::from_millis(1_900),
+            &replay,
+        );
+        assert_eq!(run.promoted_after, None, "{replay}");
+        assert!(run.paused, "{replay}");
+        assert_eq!(group.chunks_to[3], 0, "the log was kept for n3; {replay}");
+        let mut group = group;
+        let start = group.now;
+        let mut key = run.sent;
+        while group.now - start < Duration::from_secs(2) {
+            group.client(0, tag(key), put(key));
+            key += 1;
+            group.run(Duration::from_millis(1));
+        }
+        assert!(
+            group.chunks_to[3] > 0,
+            "given up, n3 gets a snapshot again; {replay}"
+        );
+    }
+}
+
 /// A compaction keeps the last quarter of `compact_after` applied entries, on the leader and
 /// the followers: a snapshot comes from the disk, which may lag the applied index by a fold,
 /// and the entries after it must still be in the log.
