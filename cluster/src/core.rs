@@ -1264,6 +1264,7 @@ impl Cluster {
                     index,
                     lag,
                     copied,
+                    pausing_writes: replica.writes_paused_for() == Some(&member.node),
                 }
             };
             leader = hint.map(|node| self.node_ref(node));
@@ -1437,6 +1438,7 @@ impl Cluster {
                 leaving: leaving.iter().map(ToString::to_string).collect(),
                 lag,
                 copied,
+                writes_paused: replica.writes_paused_for().is_some(),
                 handoff_to,
             });
         }

@@ -16,7 +16,7 @@ use topology::NodeId;
 
 /// The version every frame starts with; a peer speaking another one is refused with
 /// [`Error::WireVersion`].
-pub const WIRE_VERSION: u16 = 9;
+pub const WIRE_VERSION: u16 = 10;
 
 /// The tag byte of a datagram that carries a SWIM (foca) packet.
 pub const DATAGRAM_SWIM: u8 = 1;
@@ -230,6 +230,9 @@ pub struct ReplicaView {
     /// When the answering replica leads and is sending this one a snapshot: how much of it
     /// this one has acknowledged.
     pub copied: Option<CopyProgress>,
+    /// The answering replica leads and holds new writes until this learner catches up (R6's
+    /// pause, for a learner that tails the log without catching up).
+    pub pausing_writes: bool,
 }
 
 /// A snapshot transfer's progress: what the receiver acknowledged, of the whole.
@@ -433,6 +436,8 @@ pub struct MoveView {
     pub lag: Option<u64>,
     /// Snapshot transfers to joining replicas, summed; `None` when none is under way.
     pub copied: Option<CopyProgress>,
+    /// The leader holds new writes to the shard until a joining replica catches up (R6).
+    pub writes_paused: bool,
     /// Placement's leader for the shard when that is another of its voters: leadership passes
     /// to it (R7's handoff) once nobody joins or leaves and, while shards this node leads are
     /// adding members, once they are done. A shard with nobody joining or leaving is listed

@@ -163,6 +163,7 @@ pub(crate) async fn shard_info(shard: u32, query: &QueryArgs) -> Result<ExitCode
                 "index": r.index,
                 "lag": r.lag,
                 "copied": copy_json(r.copied),
+                "pausing_writes": r.pausing_writes,
             })).collect::<Vec<_>>(),
             "target": view.target,
             "joining": view.joining,
@@ -208,7 +209,7 @@ pub(crate) async fn shard_info(shard: u32, query: &QueryArgs) -> Result<ExitCode
                     replica.node.id.to_string(),
                     addr_text(&replica.node),
                     or_dash(replica.index),
-                    or_dash(replica.lag),
+                    lag_text(replica.lag, replica.pausing_writes),
                     copied,
                 ]);
             }
@@ -449,6 +450,7 @@ pub(crate) fn move_json(moving: &MoveView) -> Value {
         "leaving": moving.leaving,
         "lag": moving.lag,
         "copied": copy_json(moving.copied),
+        "writes_paused": moving.writes_paused,
         "handoff_to": moving.handoff_to,
     })
 }
@@ -527,6 +529,16 @@ pub(crate) async fn status(query: &QueryArgs) -> Result<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
+/// A lag cell: the entries a replica lacks, marked while its leader holds new writes for it
+/// to catch up.
+fn lag_text(lag: Option<u64>, writes_paused: bool) -> String {
+    if writes_paused {
+        format!("{} (writes paused)", or_dash(lag))
+    } else {
+        or_dash(lag)
+    }
+}
+
 /// The table of moving shards, with totals.
 pub(crate) fn print_moves(moves: &[MoveView], silent: &[String]) {
     if moves.is_empty() {
@@ -551,7 +563,7 @@ pub(crate) fn print_moves(moves: &[MoveView], silent: &[String]) {
                 moving.leader.to_string(),
                 names_or_dash(&moving.joining),
                 names_or_dash(&moving.leaving),
-                or_dash(moving.lag),
+                lag_text(moving.lag, moving.writes_paused),
                 moving.copied.map_or_else(
                     || "-".to_owned(),
                     |c| format!("{}/{} keys", c.keys, c.keys_total),
@@ -881,8 +893,16 @@ mod tests {
             leaving: Vec::new(),
             lag: None,
             copied: None,
+            writes_paused: false,
             handoff_to: handoff_to.map(str::to_owned),
         }
+    }
+
+    #[test]
+    fn a_lag_is_marked_while_the_leader_pauses_writes_for_it() {
+        assert_eq!(lag_text(Some(3), false), "3");
+        assert_eq!(lag_text(None, false), "-");
+        assert_eq!(lag_text(Some(3), true), "3 (writes paused)");
     }
 
     #[test]
