@@ -174,19 +174,22 @@ pub struct ReplicaConfig {
     pub pre_vote: bool,
     /// R6's "r ≤ w": a live learner that has tailed the log (no snapshot in flight) this long
     /// without catching up makes its leader hold new writes, unappended, until the learner is
-    /// promoted or `catchup_pause` has passed, and again at most once per this long. Under a
+    /// promoted (or removed) or `catchup_pause` has passed. A shard pauses at most once per
+    /// `catchup_pause` plus this, however many learners lag. Under a
     /// write rate the learner cannot match, its lag never reaches zero (a learner is promoted
     /// only once it holds everything committed), and the move would never end. Zero: never
     /// pause. Default 1 s.
     pub catchup_patience: Duration,
     /// The longest such pause of a shard's writes; its end is noticed at the next heartbeat
     /// round, so a pause lasts at most this plus a heartbeat. Writes held when the leader
-    /// steps down are answered `Moved` (they were never appended). Default 100 ms: a caught-up
-    /// learner needs a round trip and an fsync.
+    /// steps down are answered `Moved` (they were never appended). A learner whose round trip
+    /// and fsync take longer than this is not rescued by a pause; `t_catchup` bounds what it
+    /// costs. Default 100 ms: a caught-up learner needs a round trip and an fsync.
     pub catchup_pause: Duration,
     /// R6's `T_catchup`: after tailing this long without catching up, a learner no longer
     /// holds back the leader's compaction and no longer pauses writes. Once its log is
-    /// compacted past it, it receives a snapshot again and starts over. (A log past
+    /// compacted past it, it receives a snapshot again and starts over; one that lags too
+    /// little for that is tried again after another `t_catchup`. (A log past
     /// `4 × compact_after` entries is compacted sooner anyway.) Default 30 s.
     pub t_catchup: Duration,
 }
@@ -594,16 +597,19 @@ pub struct Leader {
     tailing: BTreeMap<NodeId, Tailing>,
     /// New writes held for a learner that does not catch up (R6's "r ≤ w"), in `held`.
     paused: Option<Pause>,
+    /// No pause of this shard's writes before this: one per `catchup_pause +
+    /// catchup_patience` at most, however many learners lag.
+    no_pause_before: Duration,
 }
 
 /// A learner tailing its leader's log (R6).
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 struct Tailing {
-    /// When it was first seen tailing (its snapshot installed, or none needed).
+    /// When it was first seen tailing (its snapshot installed, or none needed), or when the
+    /// leader last stopped giving up on it.
     since: Duration,
-    /// No pause of writes for it before this.
-    no_pause_before: Duration,
-    /// Past `t_catchup`: the leader no longer keeps its log for it nor pauses for it.
+    /// Past `t_catchup`: the leader no longer keeps its log for it nor pauses for it, until
+    /// its next snapshot or for another `t_catchup`, whichever comes first.
     given_up: bool,
 }
 
@@ -2216,6 +2222,7 @@ impl ShardReplica {
             appended_at: BTreeMap::new(),
             tailing: BTreeMap::new(),
             paused: None,
+            no_pause_before: now,
         };
         for voter in voters.iter().filter(|v| v.node != self.me.node) {
             leader
@@ -2625,6 +2632,8 @@ impl ShardReplica {
                 after: None,
                 max_bytes: self.config.snapshot_chunk_bytes,
             });
+            // Its tailing (R6) starts over once this copy is in.
+            leader.tailing.remove(&member.node);
             leader.snapshots.insert(
                 member.node.clone(),
                 SnapshotSend {
@@ -3374,6 +3383,7 @@ impl ShardReplica {
                 leader.lease_acked.remove(&added.node);
                 leader.last_ack.remove(&added.node);
                 leader.removing.remove(&added.node);
+                leader.tailing.remove(&added.node);
             }
         }
         let Role::Leader(leader) = &self.role else {
@@ -3590,10 +3600,15 @@ impl ShardReplica {
                 .entry(learner.node.clone())
                 .or_insert_with(|| Tailing {
                     since: now,
-                    no_pause_before: now + patience,
                     given_up: false,
                 });
             if tailing.given_up {
+                // Given up for a `t_catchup`: a learner that lags too little for the log to
+                // be compacted past it gets no snapshot, and would otherwise wait for good.
+                if now.saturating_sub(tailing.since) >= t_catchup.saturating_mul(2) {
+                    tailing.since = now;
+                    tailing.given_up = false;
+                }
                 continue;
             }
             if now.saturating_sub(tailing.since) >= t_catchup {
@@ -3616,13 +3631,14 @@ impl ShardReplica {
             if patience.is_zero()
                 || !live
                 || caught_up
-                || now < tailing.no_pause_before
+                || now.saturating_sub(tailing.since) < patience
+                || now < leader.no_pause_before
                 || leader.paused.is_some()
                 || leader.transfer.is_some()
             {
                 continue;
             }
-            tailing.no_pause_before = now + pause + patience;
+            leader.no_pause_before = now + pause + patience;
             tracing::info!(
                 shard = self.shard,
                 learner = %learner.node,

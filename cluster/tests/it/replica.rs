@@ -39,7 +39,7 @@ pub(crate) struct Group {
     pub(crate) tamper: Option<fn(&mut Message)>,
     /// Messages to this replica are delivered only every this many milliseconds (a slow but
     /// live follower).
-    pub(crate) slow: Option<(usize, u64)>,
+    pub(crate) slow: Vec<(usize, u64)>,
     /// When each replica persisted a `DropRetired` (its retired copy deleted).
     pub(crate) retired_dropped: Vec<(usize, Duration)>,
     /// Copy verifications decided, by the deciding replica.
@@ -112,7 +112,7 @@ impl Group {
             chunks_to: vec![0; size + spares],
             views: vec![MemoryViews::default(); size + spares],
             tamper: None,
-            slow: None,
+            slow: Vec::new(),
             cut: BTreeSet::new(),
             verifications: Vec::new(),
             retired_dropped: Vec::new(),
@@ -248,9 +248,10 @@ impl Group {
                     self.flights.push((from, outgoing));
                     continue;
                 }
-                if let (Some(to), Some((slow, every))) = (to, self.slow)
-                    && to == slow
-                    && !ms.is_multiple_of(every)
+                if self
+                    .slow
+                    .iter()
+                    .any(|&(slow, every)| to == Some(slow) && !ms.is_multiple_of(every))
                 {
                     self.flights.push((from, outgoing));
                     continue;
@@ -935,7 +936,7 @@ fn compaction_keeps_the_entries_a_slow_live_follower_needs() {
         group.run(Duration::from_secs(1));
         assert_eq!(group.leader(), Some(0));
         // n2 hears the leader only every 15 ms: live, but up to ~15 entries behind.
-        group.slow = Some((2, 15));
+        group.slow = vec![(2, 15)];
         let mut lag = 0;
         for key in 0..300 {
             group.client(0, tag(key), put(key));
@@ -959,17 +960,21 @@ fn compaction_keeps_the_entries_a_slow_live_follower_needs() {
 
 // ---- R6: a learner slower than the writes ----
 
-/// The outcome of writing `per_ms` keys a millisecond through n0 for `span` while n3, a
-/// learner that hears its leader only every 15 ms, catches up.
+/// The outcome of writing `per_ms` keys a millisecond through n0 for `span` while n3 (and,
+/// with two learners, n4), learners that hear their leader only every 15 ms, catch up.
 struct SlowLearnerRun {
     /// When n3 became a voter, after the target named it.
     promoted_after: Option<Duration>,
+    /// When the last learner became a voter.
+    all_promoted_after: Option<Duration>,
+    /// When each pause of writes began.
+    pauses: Vec<Duration>,
     /// The longest wait of a write for its answer.
     slowest_write: Duration,
     /// Writes sent, and writes answered `Ok`.
     sent: u64,
     acked: u64,
-    /// Whether n0 ever held writes for n3.
+    /// Whether n0 holds writes for a learner now.
     paused: bool,
 }
 
@@ -980,15 +985,28 @@ fn write_past_a_slow_learner(
     span: Duration,
     replay: &str,
 ) -> (Group, SlowLearnerRun) {
-    let mut group = Group::with_config(3, 1, seed, config);
+    write_past_slow_learners(seed, config, 1, per_ms, span, replay)
+}
+
+fn write_past_slow_learners(
+    seed: u64,
+    config: ReplicaConfig,
+    learners: usize,
+    per_ms: u64,
+    span: Duration,
+    replay: &str,
+) -> (Group, SlowLearnerRun) {
+    let mut group = Group::with_config(3, learners, seed, config);
     group.run(Duration::from_secs(1));
     assert_eq!(group.leader(), Some(0), "{replay}");
-    group.slow = Some((3, 15));
-    group.handle_target(&(0..4).map(member).collect::<Vec<_>>());
+    group.slow = (3..3 + learners).map(|i| (i, 15)).collect();
+    group.handle_target(&(0..3 + learners).map(member).collect::<Vec<_>>());
     let start = group.now;
     let mut sent_at: BTreeMap<u64, Duration> = BTreeMap::new();
     let mut run = SlowLearnerRun {
         promoted_after: None,
+        all_promoted_after: None,
+        pauses: Vec::new(),
         slowest_write: Duration::ZERO,
         sent: 0,
         acked: 0,
@@ -1003,9 +1021,18 @@ fn write_past_a_slow_learner(
         }
         group.run(Duration::from_millis(1));
         let leader = group.replicas[0].as_ref().expect("n0 runs");
-        run.paused |= leader.writes_paused_for() == Some(&member(3).node);
+        let paused = leader.writes_paused_for().is_some();
+        if paused && !run.paused {
+            run.pauses.push(group.now - start);
+        }
+        run.paused = paused;
         if run.promoted_after.is_none() && leader.config().voters.contains(&member(3)) {
             run.promoted_after = Some(group.now - start);
+        }
+        if run.all_promoted_after.is_none()
+            && (3..3 + learners).all(|i| leader.config().voters.contains(&member(i)))
+        {
+            run.all_promoted_after = Some(group.now - start);
         }
         sent_at.retain(|key, at| match group.replies.get(&tag(*key)) {
             Some(reply) => {
@@ -1039,7 +1066,7 @@ fn a_learner_slower_than_the_writes_is_promoted_after_a_short_pause() {
         let (mut group, run) =
             write_past_a_slow_learner(seed, config.clone(), 2, Duration::from_secs(3), &replay);
         let promoted = run.promoted_after.expect(&replay);
-        assert!(run.paused, "{replay}");
+        assert!(!run.pauses.is_empty(), "{replay}");
         assert!(
             promoted >= config.catchup_patience
                 && promoted < config.catchup_patience + Duration::from_millis(300),
@@ -1072,7 +1099,31 @@ fn a_learner_slower_than_the_writes_is_promoted_after_a_short_pause() {
         };
         let (_, run) = write_past_a_slow_learner(seed, never, 2, Duration::from_secs(3), &replay);
         assert_eq!(run.promoted_after, None, "{replay}");
-        assert!(!run.paused, "{replay}");
+        assert!(run.pauses.is_empty(), "{replay}");
+    }
+}
+
+/// Two learners that lag do not pause a shard's writes back to back: one pause per
+/// `catchup_pause + catchup_patience` at most, and both are promoted.
+#[test]
+fn a_shard_pauses_at_most_once_per_patience_however_many_learners_lag() {
+    for seed in seeds(4) {
+        let replay = format!(
+            "seed {seed}: replay with SLOTRING_SEED={seed} cargo test -p cluster --test it \
+             a_shard_pauses_at_most_once"
+        );
+        let config = ReplicaConfig::default();
+        let (_, run) =
+            write_past_slow_learners(seed, config.clone(), 2, 2, Duration::from_secs(4), &replay);
+        assert!(run.all_promoted_after.is_some(), "{replay}");
+        assert!(run.pauses.len() >= 2, "{:?}; {replay}", run.pauses);
+        for pair in run.pauses.windows(2) {
+            assert!(
+                pair[1] - pair[0] >= config.catchup_pause + config.catchup_patience,
+                "pauses at {:?}; {replay}",
+                run.pauses
+            );
+        }
     }
 }
 
@@ -1129,7 +1180,7 @@ fn a_learner_that_never_catches_up_is_given_up_after_t_catchup() {
             &replay,
         );
         assert_eq!(run.promoted_after, None, "{replay}");
-        assert!(run.paused, "{replay}");
+        assert!(!run.pauses.is_empty(), "{replay}");
         assert_eq!(group.chunks_to[3], 0, "the log was kept for n3; {replay}");
         let mut group = group;
         let start = group.now;
