@@ -602,6 +602,12 @@ pub struct Leader {
     no_pause_before: Duration,
 }
 
+/// Whether a member that acknowledged `matched` holds everything committed: R5's test for
+/// promoting a learner (and R7's for a handoff target), which R6's pause waits for.
+fn holds_committed(matched: u64, commit: u64) -> bool {
+    matched >= commit && commit > 0
+}
+
 /// A learner tailing its leader's log (R6).
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 struct Tailing {
@@ -3277,7 +3283,10 @@ impl ShardReplica {
         }
         let active = self.active_config.clone();
         let caught_up = |member: &Member| {
-            leader.matched.get(&member.node).copied().unwrap_or(0) >= self.commit && self.commit > 0
+            holds_committed(
+                leader.matched.get(&member.node).copied().unwrap_or(0),
+                self.commit,
+            )
         };
         let mut next = active.clone();
         let mut promoted = None;
@@ -3627,10 +3636,9 @@ impl ShardReplica {
                 .last_ack
                 .get(&learner.node)
                 .is_some_and(|at| *at >= window_start);
-            let caught_up = matched >= commit && commit > 0;
             if patience.is_zero()
                 || !live
-                || caught_up
+                || holds_committed(matched, commit)
                 || now.saturating_sub(tailing.since) < patience
                 || now < leader.no_pause_before
                 || leader.paused.is_some()

@@ -960,6 +960,11 @@ fn compaction_keeps_the_entries_a_slow_live_follower_needs() {
 
 // ---- R6: a learner slower than the writes ----
 
+/// What a failing seed of `test` prints: the command that replays it.
+fn replay(seed: u64, test: &str) -> String {
+    format!("seed {seed}: replay with SLOTRING_SEED={seed} cargo test -p cluster --test it {test}")
+}
+
 /// The outcome of writing `per_ms` keys a millisecond through n0 for `span` while n3 (and,
 /// with two learners, n4), learners that hear their leader only every 15 ms, catch up.
 struct SlowLearnerRun {
@@ -1058,10 +1063,7 @@ fn write_past_slow_learners(
 #[test]
 fn a_learner_slower_than_the_writes_is_promoted_after_a_short_pause() {
     for seed in seeds(4) {
-        let replay = format!(
-            "seed {seed}: replay with SLOTRING_SEED={seed} cargo test -p cluster --test it \
-             a_learner_slower_than_the_writes"
-        );
+        let replay = replay(seed, "a_learner_slower_than_the_writes");
         let config = ReplicaConfig::default();
         let (mut group, run) =
             write_past_a_slow_learner(seed, config.clone(), 2, Duration::from_secs(3), &replay);
@@ -1108,10 +1110,7 @@ fn a_learner_slower_than_the_writes_is_promoted_after_a_short_pause() {
 #[test]
 fn a_shard_pauses_at_most_once_per_patience_however_many_learners_lag() {
     for seed in seeds(4) {
-        let replay = format!(
-            "seed {seed}: replay with SLOTRING_SEED={seed} cargo test -p cluster --test it \
-             a_shard_pauses_at_most_once"
-        );
+        let replay = replay(seed, "a_shard_pauses_at_most_once");
         let config = ReplicaConfig::default();
         let (_, run) =
             write_past_slow_learners(seed, config.clone(), 2, 2, Duration::from_secs(4), &replay);
@@ -1131,10 +1130,7 @@ fn a_shard_pauses_at_most_once_per_patience_however_many_learners_lag() {
 #[test]
 fn a_silent_learner_pauses_no_writes() {
     for seed in seeds(4) {
-        let replay = format!(
-            "seed {seed}: replay with SLOTRING_SEED={seed} cargo test -p cluster --test it \
-             a_silent_learner_pauses_no_writes"
-        );
+        let replay = replay(seed, "a_silent_learner_pauses_no_writes");
         let mut group = Group::with_config(3, 1, seed, ReplicaConfig::default());
         group.run(Duration::from_secs(1));
         assert_eq!(group.leader(), Some(0), "{replay}");
@@ -1162,10 +1158,7 @@ fn a_silent_learner_pauses_no_writes() {
 #[test]
 fn a_learner_that_never_catches_up_is_given_up_after_t_catchup() {
     for seed in seeds(4) {
-        let replay = format!(
-            "seed {seed}: replay with SLOTRING_SEED={seed} cargo test -p cluster --test it \
-             a_learner_that_never_catches_up"
-        );
+        let replay = replay(seed, "a_learner_that_never_catches_up");
         let config = ReplicaConfig {
             compact_after: 64,
             catchup_pause: Duration::from_millis(1),
