@@ -16,7 +16,7 @@ use topology::NodeId;
 
 /// The version every frame starts with; a peer speaking another one is refused with
 /// [`Error::WireVersion`].
-pub const WIRE_VERSION: u16 = 10;
+pub const WIRE_VERSION: u16 = 11;
 
 /// The tag byte of a datagram that carries a SWIM (foca) packet.
 pub const DATAGRAM_SWIM: u8 = 1;

@@ -819,6 +819,8 @@ pub struct Mutations {
     /// Install the next snapshot with one value changed (a copy gone bad on the way to the
     /// disk), once; copy verification must catch it.
     pub corrupt_next_install: bool,
+    /// Answer a `ReadRound` whatever ballot was promised.
+    pub read_round_ignores_promise: bool,
 }
 
 /// One replica of one shard.
@@ -1604,6 +1606,8 @@ impl ShardReplica {
                 }
             }
             Message::PreVote { b, last } => self.on_pre_vote(now, from, b, &last),
+            Message::ReadRound { b, round } => self.on_read_round(from, b, round),
+            Message::ReadRoundOk { b, round } => self.on_read_round_ok(&from, &b, round),
             Message::PreVoteReply { b, verdict } => {
                 self.on_pre_vote_reply(now, &from, &b, verdict);
             }
@@ -4065,10 +4069,83 @@ impl ShardReplica {
     /// A read needs the acknowledgements of a majority only, so the round goes to the fewest
     /// voters that make one with this leader ([`quickest_quorum`](Self::quickest_quorum)):
     /// with three voters, one follower instead of two, half the peer messages per read.
+    ///
+    /// Without leases the round is a [`Message::ReadRound`] when every voter it goes to
+    /// acknowledged this leader before: the receiver only compares its promise, where an
+    /// `Append` would also reset its election timer, check its log and apply, and the leader
+    /// takes the answer without recounting commits. A voter not heard from yet gets an
+    /// `Append`, which makes it follow. With leases the round stays an `Append`: its
+    /// acknowledgements also renew the lease.
     fn read_round(&mut self, now: Duration) {
         self.number_round(now);
         let only = self.quickest_quorum();
-        self.send_appends(true, None, only.as_deref());
+        let Some(only) = only else {
+            self.send_appends(true, None, None);
+            return;
+        };
+        let Role::Leader(leader) = &mut self.role else {
+            return;
+        };
+        let all_heard = only
+            .iter()
+            .all(|node| leader.hb_acked.get(node).is_some_and(|acked| *acked > 0));
+        if self.config.lease_reads || !all_heard {
+            self.send_appends(true, None, Some(&only));
+            return;
+        }
+        let round = leader.hb_seq;
+        let b = leader.b.clone();
+        for node in only {
+            let Some(voter) = self.active_config.voter_on(&node).cloned() else {
+                continue;
+            };
+            leader.round_sent.insert(node, round);
+            let message = Message::ReadRound {
+                b: b.clone(),
+                round,
+            };
+            self.pending_out.push((voter, message, false));
+        }
+    }
+
+    /// A [`Message::ReadRound`]: answered `ReadRoundOk` while this replica's promise is `b`
+    /// (it follows `b`'s leader), `AppendNack` when it promised a higher ballot, not at all
+    /// otherwise (a tombstoned replica, or one that never heard of `b`). Changes nothing. The
+    /// answer needs nothing durable: a promise of `b` at the moment it leaves means no higher
+    /// ballot was promised here before then, whatever a restart does to it afterwards.
+    fn on_read_round(&mut self, from: Member, b: Ballot, round: u64) {
+        if self.durable.tombstone.is_some() {
+            return;
+        }
+        let promised = self.durable.promised.as_ref();
+        if promised == Some(&b) || self.mutations.read_round_ignores_promise {
+            self.send(from, Message::ReadRoundOk { b, round }, false);
+        } else if let Some(higher) = promised.filter(|promised| b < **promised) {
+            let reason = NackReason::Higher(higher.clone());
+            self.send(from, Message::AppendNack { b, reason }, false);
+        }
+    }
+
+    /// A voter held this leader's ballot after the reads of `round` arrived: they may be
+    /// served once a majority did ([`serve_reads`](Self::serve_reads)).
+    fn on_read_round_ok(&mut self, from: &Member, b: &Ballot, round: u64) {
+        let voter = self.is_voter_of(&self.active_config, from);
+        let Role::Leader(leader) = &mut self.role else {
+            return;
+        };
+        if leader.b != *b || !voter {
+            return;
+        }
+        if leader
+            .fresh_from
+            .get(&from.node)
+            .is_some_and(|fresh| round < *fresh)
+        {
+            return;
+        }
+        let acked = leader.hb_acked.entry(from.node.clone()).or_insert(0);
+        *acked = (*acked).max(round);
+        self.serve_reads();
     }
 
     /// The fewest voters besides this leader that make a majority with it, each without a

@@ -291,6 +291,9 @@ impl Message {
                     }
             }
             Message::TimeoutNow { b } | Message::RemovedOk { b } => ballot(b),
+            Message::ReadRound { b, round } | Message::ReadRoundOk { b, round } => {
+                ballot(b) && below(*round)
+            }
             Message::Probe => true,
         }
     }
@@ -501,6 +504,25 @@ pub enum Message {
         b: Ballot,
         /// What a `Prepare` of `b` would meet now.
         verdict: PreVerdict,
+    },
+    /// R9's read round on its own: the leader of `b` asks a voter that acknowledged it before
+    /// whether it still holds `b` as its promise, for the reads waiting for round `round`. It
+    /// carries no entries and changes nothing at the receiver: no promise, no election timer,
+    /// no commit. A receiver that promised a higher ballot answers `AppendNack`; one that
+    /// promised a lower one (it never heard of `b`) does not answer, and the leader's periodic
+    /// rounds settle it.
+    ReadRound {
+        /// The leader's ballot.
+        b: Ballot,
+        /// The round.
+        round: u64,
+    },
+    /// The answer to `ReadRound`: the sender's promise was `b` when it answered.
+    ReadRoundOk {
+        /// The ballot.
+        b: Ballot,
+        /// The round acknowledged.
+        round: u64,
     },
 }
 

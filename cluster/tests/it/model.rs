@@ -414,6 +414,10 @@ fn setup(test: &str) -> (Knobs, &'static [ClientPlan], Crashes) {
             mutations.read_without_round = true;
             clients = &ONE_CLIENT;
         }
+        "model_catches_read_round_ignores_promise" => {
+            mutations.read_round_ignores_promise = true;
+            clients = &ONE_CLIENT;
+        }
         "model_catches_moved_for_appended" => {
             mutations.moved_for_appended = true;
             scenario = Scenario::M3;
@@ -835,6 +839,17 @@ fn model_catches_commit_old_ballot_entries() {
 fn model_catches_read_without_round() {
     mutation_test(
         "model_catches_read_without_round",
+        3_000_000,
+        &[LINEARIZABLE],
+    );
+}
+
+/// R9/I7: a follower that answers a leader's `ReadRound` though it promised a higher ballot
+/// confirms a deposed leader, which then serves a stale read. One client, as above.
+#[test]
+fn model_catches_read_round_ignores_promise() {
+    mutation_test(
+        "model_catches_read_round_ignores_promise",
         3_000_000,
         &[LINEARIZABLE],
     );

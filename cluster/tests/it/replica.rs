@@ -404,15 +404,27 @@ fn a_read_round_goes_to_one_follower_and_around_a_silent_one() {
             .unwrap_or_else(|| panic!("messages kept flying; {replay}"));
         let before = group.flights.len();
         group.client(leader, tag(2), get());
-        let rounds_to: BTreeSet<_> = group.flights[before..]
+        let rounds: Vec<_> = group.flights[before..]
             .iter()
-            .filter(|(_, out)| matches!(out.message, Message::Append { .. }))
-            .map(|(_, out)| out.to.node.clone())
+            .filter(|(_, out)| {
+                matches!(
+                    out.message,
+                    Message::Append { .. } | Message::ReadRound { .. }
+                )
+            })
             .collect();
+        let rounds_to: BTreeSet<_> = rounds.iter().map(|(_, out)| out.to.node.clone()).collect();
         assert_eq!(
             rounds_to.len(),
             1,
             "one follower asked, not {rounds_to:?}; {replay}"
+        );
+        // Both followers acknowledged this leader: the round is a `ReadRound`, no `Append`.
+        assert!(
+            rounds
+                .iter()
+                .all(|(_, out)| matches!(out.message, Message::ReadRound { .. })),
+            "the round is a ReadRound; {replay}"
         );
         group.run(Duration::from_millis(10));
         assert_eq!(group.replies.get(&tag(2)).cloned(), value, "{replay}");
