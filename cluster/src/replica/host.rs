@@ -291,9 +291,27 @@ impl ShardHost {
                     _ => continue,
                 }
             }
-            if let Some(replica) = self.replicas.get_mut(shard) {
-                replica.handle_message(now, batch.from.clone(), to, message);
-                self.drain(now, shard);
+            let Some(replica) = self.replicas.get_mut(shard) else {
+                continue;
+            };
+            // R9's read rounds change nothing but the reads they confirm: answered and taken
+            // here, without a replica handler's full turn and the host's drain.
+            match message {
+                Message::ReadRound { b, round } => {
+                    if let Some(answer) = replica.answer_read_round(&to, &b, round) {
+                        self.queue(None, shard, batch.from.clone(), answer);
+                    }
+                }
+                Message::ReadRoundOk { b, round } => {
+                    replica.handle_read_round_ok(&batch.from, &b, round);
+                    while let Some((tag, reply)) = replica.poll_reply() {
+                        self.replies.push_back((shard, tag, reply));
+                    }
+                }
+                message => {
+                    replica.handle_message(now, batch.from.clone(), to, message);
+                    self.drain(now, shard);
+                }
             }
         }
         self.release_queued_targets(now);

@@ -1606,8 +1606,12 @@ impl ShardReplica {
                 }
             }
             Message::PreVote { b, last } => self.on_pre_vote(now, from, b, &last),
-            Message::ReadRound { b, round } => self.on_read_round(from, b, round),
-            Message::ReadRoundOk { b, round } => self.on_read_round_ok(&from, &b, round),
+            Message::ReadRound { b, round } => {
+                if let Some(answer) = self.answer_read_round(&to, &b, round) {
+                    self.send(from, answer, false);
+                }
+            }
+            Message::ReadRoundOk { b, round } => self.handle_read_round_ok(&from, &b, round),
             Message::PreVoteReply { b, verdict } => {
                 self.on_pre_vote_reply(now, &from, &b, verdict);
             }
@@ -4108,27 +4112,38 @@ impl ShardReplica {
         }
     }
 
-    /// A [`Message::ReadRound`]: answered `ReadRoundOk` while this replica's promise is `b`
-    /// (it follows `b`'s leader), `AppendNack` when it promised a higher ballot, not at all
-    /// otherwise (a tombstoned replica, or one that never heard of `b`). Changes nothing. The
-    /// answer needs nothing durable: a promise of `b` at the moment it leaves means no higher
-    /// ballot was promised here before then, whatever a restart does to it afterwards.
-    fn on_read_round(&mut self, from: Member, b: Ballot, round: u64) {
-        if self.durable.tombstone.is_some() {
-            return;
+    /// The answer to a leader's [`Message::ReadRound`] of `b` sent `to` this replica:
+    /// `ReadRoundOk` while its promise is `b` (it follows `b`'s leader) and it is not
+    /// tombstoned, `AppendNack` when it promised a higher ballot, nothing otherwise (it never
+    /// heard of `b`, is tombstoned, or `to` is another member). Changes nothing, so a host may
+    /// answer outside [`handle_message`](Self::handle_message), and send at once: a promise of
+    /// `b` when the answer leaves means no higher ballot was promised here before then,
+    /// whatever a restart does to it afterwards, so the answer needs nothing durable.
+    pub fn answer_read_round(&self, to: &Member, b: &Ballot, round: u64) -> Option<Message> {
+        if !self.same_member(to, &self.me) {
+            return None;
         }
         let promised = self.durable.promised.as_ref();
-        if promised == Some(&b) || self.mutations.read_round_ignores_promise {
-            self.send(from, Message::ReadRoundOk { b, round }, false);
-        } else if let Some(higher) = promised.filter(|promised| b < **promised) {
-            let reason = NackReason::Higher(higher.clone());
-            self.send(from, Message::AppendNack { b, reason }, false);
+        if (promised == Some(b) && self.durable.tombstone.is_none())
+            || self.mutations.read_round_ignores_promise
+        {
+            return Some(Message::ReadRoundOk {
+                b: b.clone(),
+                round,
+            });
         }
+        let higher = promised.filter(|promised| b < *promised)?;
+        Some(Message::AppendNack {
+            b: b.clone(),
+            reason: NackReason::Higher(higher.clone()),
+        })
     }
 
-    /// A voter held this leader's ballot after the reads of `round` arrived: they may be
-    /// served once a majority did ([`serve_reads`](Self::serve_reads)).
-    fn on_read_round_ok(&mut self, from: &Member, b: &Ballot, round: u64) {
+    /// A [`Message::ReadRoundOk`]: a voter held this leader's ballot after the reads of
+    /// `round` arrived, and they may be served once a majority did
+    /// ([`serve_reads`](Self::serve_reads)). Its only outputs are client replies, so a host
+    /// may call it outside [`handle_message`](Self::handle_message) and poll just those.
+    pub fn handle_read_round_ok(&mut self, from: &Member, b: &Ballot, round: u64) {
         let voter = self.is_voter_of(&self.active_config, from);
         let Role::Leader(leader) = &mut self.role else {
             return;

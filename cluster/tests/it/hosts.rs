@@ -1175,3 +1175,109 @@ fn mangled_replication_frames_never_panic_a_host() {
     // The mangling reached the replicas, and the hosts' checks turned some of it away.
     assert!(delivered > 0 && malformed > 0);
 }
+
+#[test]
+fn reads_are_confirmed_by_read_rounds_the_followers_hosts_answer() {
+    use cluster::replica::{Ballot, Message, NackReason};
+    for seed in seeds(5) {
+        let test = "reads_are_confirmed_by_read_rounds";
+        let mut cluster = Cluster::new(3, 8, seed);
+        cluster.run(Duration::from_secs(1));
+        assert!(cluster.all_led(), "{}", cluster.replay(test));
+        for shard in 0..8 {
+            let leader = cluster.leader_of(shard).unwrap();
+            let op = ClientOp::Put {
+                key: b"k".to_vec(),
+                value: vec![shard as u8],
+            };
+            cluster.client(leader, shard, tag(1, u64::from(shard)), op);
+        }
+        cluster.run(Duration::from_millis(100));
+
+        // Every follower acknowledged its leader by now: a read's round is a `ReadRound` to one
+        // of them, unless both have a periodic round outstanding (then it goes to both as an
+        // `Append`). The reads are served with the value written.
+        let mut read_rounds = 0;
+        for shard in 0..8 {
+            let leader = cluster.leader_of(shard).unwrap();
+            let before = cluster.flights.len();
+            let get = ClientOp::Get { key: b"k".to_vec() };
+            cluster.client(leader, shard, tag(2, u64::from(shard)), get);
+            let rounds = cluster.flights[before..]
+                .iter()
+                .flat_map(|(_, _, _, batch)| &batch.messages)
+                .filter(|(s, _, m)| *s == shard && matches!(m, Message::ReadRound { .. }))
+                .count();
+            assert!(rounds <= 1, "one follower asked; {}", cluster.replay(test));
+            read_rounds += rounds;
+        }
+        assert!(
+            read_rounds >= 4,
+            "{read_rounds} ReadRounds; {}",
+            cluster.replay(test)
+        );
+        cluster.run(Duration::from_millis(20));
+        for shard in 0..8u16 {
+            assert_eq!(
+                cluster.replies.get(&tag(2, u64::from(shard))),
+                Some(&ClientReply::Ok {
+                    value: Some(vec![shard as u8])
+                }),
+                "{}",
+                cluster.replay(test)
+            );
+        }
+
+        // What a follower answers: `ReadRoundOk` for the ballot it holds, `AppendNack` for a
+        // lower one, nothing for a higher one it never heard of or a round meant for another
+        // storage.
+        let leader = cluster.leader_of(0).unwrap();
+        let b = cluster.hosts[leader]
+            .as_ref()
+            .unwrap()
+            .replica(0)
+            .unwrap()
+            .established_ballot()
+            .unwrap()
+            .clone();
+        let follower = (0..3).find(|&i| i != leader).unwrap();
+        let replica = cluster.hosts[follower]
+            .as_ref()
+            .unwrap()
+            .replica(0)
+            .unwrap();
+        let me = member(follower);
+        assert_eq!(
+            replica.answer_read_round(&me, &b, 7),
+            Some(Message::ReadRoundOk {
+                b: b.clone(),
+                round: 7
+            }),
+            "{}",
+            cluster.replay(test)
+        );
+        let lower = Ballot {
+            n: b.n - 1,
+            node: b.node.clone(),
+        };
+        assert_eq!(
+            replica.answer_read_round(&me, &lower, 7),
+            Some(Message::AppendNack {
+                b: lower,
+                reason: NackReason::Higher(b.clone())
+            }),
+            "{}",
+            cluster.replay(test)
+        );
+        let higher = Ballot {
+            n: b.n + 1,
+            node: b.node.clone(),
+        };
+        assert_eq!(replica.answer_read_round(&me, &higher, 7), None);
+        let elsewhere = Member {
+            node: me.node.clone(),
+            storage: StorageId(1),
+        };
+        assert_eq!(replica.answer_read_round(&elsewhere, &b, 7), None);
+    }
+}
