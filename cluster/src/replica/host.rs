@@ -303,7 +303,7 @@ impl ShardHost {
                     }
                 }
                 Message::ReadRoundOk { b, round } => {
-                    replica.handle_read_round_ok(&batch.from, &b, round);
+                    replica.handle_read_round_ok(&batch.from, &to, &b, round);
                     while let Some((tag, reply)) = replica.poll_reply() {
                         self.replies.push_back((shard, tag, reply));
                     }

@@ -547,8 +547,8 @@ pub struct Leader {
     hb_seq: u64,
     hb_acked: BTreeMap<NodeId, u64>,
     last_ack: BTreeMap<NodeId, Duration>,
-    /// The round of the newest `Append` sent to each member: one whose `hb_acked` is below
-    /// it has a round outstanding.
+    /// The newest round sent to each member, in an `Append` or a `ReadRound`: one whose
+    /// `hb_acked` is below it has a round outstanding.
     round_sent: BTreeMap<NodeId, u64>,
     since: Duration,
     writes: BTreeMap<u64, RequestTag>,
@@ -1611,7 +1611,7 @@ impl ShardReplica {
                     self.send(from, answer, false);
                 }
             }
-            Message::ReadRoundOk { b, round } => self.handle_read_round_ok(&from, &b, round),
+            Message::ReadRoundOk { b, round } => self.handle_read_round_ok(&from, &to, &b, round),
             Message::PreVoteReply { b, verdict } => {
                 self.on_pre_vote_reply(now, &from, &b, verdict);
             }
@@ -4077,9 +4077,9 @@ impl ShardReplica {
     /// Without leases the round is a [`Message::ReadRound`] when every voter it goes to
     /// acknowledged this leader before: the receiver only compares its promise, where an
     /// `Append` would also reset its election timer, check its log and apply, and the leader
-    /// takes the answer without recounting commits. A voter not heard from yet gets an
-    /// `Append`, which makes it follow. With leases the round stays an `Append`: its
-    /// acknowledgements also renew the lease.
+    /// takes the answer without recounting commits. When one of them has not acknowledged
+    /// this leader yet, the round goes as `Append`s, which make it follow. With leases the
+    /// round stays an `Append`: its acknowledgements also renew the lease.
     fn read_round(&mut self, now: Duration) {
         self.number_round(now);
         let only = self.quickest_quorum();
@@ -4114,11 +4114,12 @@ impl ShardReplica {
 
     /// The answer to a leader's [`Message::ReadRound`] of `b` sent `to` this replica:
     /// `ReadRoundOk` while its promise is `b` (it follows `b`'s leader) and it is not
-    /// tombstoned, `AppendNack` when it promised a higher ballot, nothing otherwise (it never
-    /// heard of `b`, is tombstoned, or `to` is another member). Changes nothing, so a host may
-    /// answer outside [`handle_message`](Self::handle_message), and send at once: a promise of
-    /// `b` when the answer leaves means no higher ballot was promised here before then,
-    /// whatever a restart does to it afterwards, so the answer needs nothing durable.
+    /// tombstoned; else `AppendNack` when it promised a higher ballot; else nothing (it never
+    /// heard of `b`, it is tombstoned, or `to` is another member). Changes nothing, so a host
+    /// may answer outside [`handle_message`](Self::handle_message), and send at once: a
+    /// promise only goes up, and a higher one is durable before any message others could
+    /// count leaves, so a promise of `b` when the answer leaves means no countable promise of
+    /// a higher ballot was made here before then; the answer needs nothing durable.
     pub fn answer_read_round(&self, to: &Member, b: &Ballot, round: u64) -> Option<Message> {
         if !self.same_member(to, &self.me) {
             return None;
@@ -4143,7 +4144,10 @@ impl ShardReplica {
     /// `round` arrived, and they may be served once a majority did
     /// ([`serve_reads`](Self::serve_reads)). Its only outputs are client replies, so a host
     /// may call it outside [`handle_message`](Self::handle_message) and poll just those.
-    pub fn handle_read_round_ok(&mut self, from: &Member, b: &Ballot, round: u64) {
+    pub fn handle_read_round_ok(&mut self, from: &Member, to: &Member, b: &Ballot, round: u64) {
+        if !self.same_member(to, &self.me) {
+            return;
+        }
         let voter = self.is_voter_of(&self.active_config, from);
         let Role::Leader(leader) = &mut self.role else {
             return;
@@ -4164,7 +4168,7 @@ impl ShardReplica {
     }
 
     /// The fewest voters besides this leader that make a majority with it, each without a
-    /// round outstanding (it acknowledged the newest `Append` sent to it), the most recently
+    /// round outstanding (it acknowledged the newest round sent to it), the most recently
     /// heard first; `None`, meaning everyone, when too few are without one: a slow or silent
     /// follower is left out of the next read rounds until it answers.
     fn quickest_quorum(&self) -> Option<Vec<NodeId>> {

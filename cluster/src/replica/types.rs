@@ -509,8 +509,8 @@ pub enum Message {
     /// whether it still holds `b` as its promise, for the reads waiting for round `round`. It
     /// carries no entries and changes nothing at the receiver: no promise, no election timer,
     /// no commit. A receiver that promised a higher ballot answers `AppendNack`; one that
-    /// promised a lower one (it never heard of `b`) does not answer, and the leader's periodic
-    /// rounds settle it.
+    /// promised a lower one (it never heard of `b`), or is tombstoned, does not answer, and
+    /// the leader's periodic rounds settle it.
     ReadRound {
         /// The leader's ballot.
         b: Ballot,

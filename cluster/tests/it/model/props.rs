@@ -499,6 +499,9 @@ pub(crate) fn within_boundary(knobs: &Knobs, state: &State) -> bool {
         .all(|envelope| match envelope.msg {
             ModelMsg::Replica(message) => match &message.2 {
                 Message::Append { hb_seq, .. } => *hb_seq <= knobs.max_hb,
+                Message::ReadRound { round, .. } | Message::ReadRoundOk { round, .. } => {
+                    *round <= knobs.max_hb
+                }
                 _ => true,
             },
             _ => true,
