@@ -327,6 +327,20 @@ impl Cluster {
         }
     }
 
+    /// Writes `k` = the shard's number (one byte) to shards `0..shards` through their
+    /// leaders (tags `(1, shard)`), then runs 100 ms.
+    pub(crate) fn put_shard_numbers(&mut self, shards: u16) {
+        for shard in 0..shards {
+            let leader = self.leader_of(shard).unwrap();
+            let op = ClientOp::Put {
+                key: b"k".to_vec(),
+                value: vec![shard as u8],
+            };
+            self.client(leader, shard, tag(1, u64::from(shard)), op);
+        }
+        self.run(Duration::from_millis(100));
+    }
+
     pub(crate) fn pump(&mut self, index: usize) {
         let Some(host) = self.hosts[index].as_mut() else {
             return;
@@ -681,15 +695,7 @@ fn an_isolated_leader_stops_acknowledging_and_the_majority_moves_on() {
 fn a_restarted_node_recovers_from_its_disk() {
     let mut cluster = Cluster::new(3, 8, 11);
     cluster.run(Duration::from_secs(1));
-    for shard in 0..8 {
-        let leader = cluster.leader_of(shard).unwrap();
-        let op = ClientOp::Put {
-            key: b"k".to_vec(),
-            value: vec![shard as u8],
-        };
-        cluster.client(leader, shard, tag(1, u64::from(shard)), op);
-    }
-    cluster.run(Duration::from_millis(100));
+    cluster.put_shard_numbers(8);
     for index in 0..3 {
         cluster.crash(index);
     }
@@ -1184,15 +1190,7 @@ fn reads_are_confirmed_by_read_rounds_the_followers_hosts_answer() {
         let mut cluster = Cluster::new(3, 8, seed);
         cluster.run(Duration::from_secs(1));
         assert!(cluster.all_led(), "{}", cluster.replay(test));
-        for shard in 0..8 {
-            let leader = cluster.leader_of(shard).unwrap();
-            let op = ClientOp::Put {
-                key: b"k".to_vec(),
-                value: vec![shard as u8],
-            };
-            cluster.client(leader, shard, tag(1, u64::from(shard)), op);
-        }
-        cluster.run(Duration::from_millis(100));
+        cluster.put_shard_numbers(8);
 
         // Every follower acknowledged its leader by now: a read's round is a `ReadRound` to one
         // of them, unless both have a periodic round outstanding (then it goes to both as an
