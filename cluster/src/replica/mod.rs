@@ -4082,8 +4082,7 @@ impl ShardReplica {
     /// round stays an `Append`: its acknowledgements also renew the lease.
     fn read_round(&mut self, now: Duration) {
         self.number_round(now);
-        let only = self.quickest_quorum();
-        let Some(only) = only else {
+        let Some(only) = self.quickest_quorum() else {
             self.send_appends(true, None, None);
             return;
         };

@@ -508,9 +508,9 @@ pub enum Message {
     /// R9's read round on its own: the leader of `b` asks a voter that acknowledged it before
     /// whether it still holds `b` as its promise, for the reads waiting for round `round`. It
     /// carries no entries and changes nothing at the receiver: no promise, no election timer,
-    /// no commit. A receiver that promised a higher ballot answers `AppendNack`; one that
-    /// promised a lower one (it never heard of `b`), or is tombstoned, does not answer, and
-    /// the leader's periodic rounds settle it.
+    /// no commit. A receiver that promised a higher ballot answers `AppendNack`; otherwise
+    /// one that promised a lower one (it never heard of `b`) or is tombstoned does not
+    /// answer, and the leader's periodic rounds settle it.
     ReadRound {
         /// The leader's ballot.
         b: Ballot,

@@ -1283,11 +1283,21 @@ fn reads_are_confirmed_by_read_rounds_the_followers_hosts_answer() {
             n: b.n + 1,
             node: b.node.clone(),
         };
-        assert_eq!(replica.answer_read_round(&me, &higher, 7), None);
+        assert_eq!(
+            replica.answer_read_round(&me, &higher, 7),
+            None,
+            "{}",
+            cluster.replay(test)
+        );
         let elsewhere = Member {
             node: me.node.clone(),
             storage: StorageId(1),
         };
-        assert_eq!(replica.answer_read_round(&elsewhere, &b, 7), None);
+        assert_eq!(
+            replica.answer_read_round(&elsewhere, &b, 7),
+            None,
+            "{}",
+            cluster.replay(test)
+        );
     }
 }
