@@ -126,7 +126,7 @@ impl ImageBuilder {
     }
 
     /// [`Self::push`] for a caller whose pairs come from something sorted and unique.
-    fn push_in_order(&mut self, key: &[u8], value: &[u8]) {
+    pub(super) fn push_in_order(&mut self, key: &[u8], value: &[u8]) {
         debug_assert!(
             self.last_key
                 .is_none_or(|(start, end)| self.bytes[start..end] < *key)
@@ -136,6 +136,27 @@ impl ImageBuilder {
         self.last_key = Some((end - key.len(), end));
         push_bytes(&mut self.bytes, value);
         self.len += 1;
+    }
+
+    /// How many bytes the pairs pushed so far take.
+    pub(super) fn written_len(&self) -> usize {
+        self.bytes.len()
+    }
+
+    /// Appends `pairs` pairs encoded as an image encodes them (`run`, a part of another image),
+    /// for a caller whose pairs come sorted, unique and after every key pushed so far;
+    /// `last_start` is where the last of them starts in `run`.
+    pub(super) fn push_run(&mut self, run: &[u8], pairs: usize, last_start: usize) {
+        if pairs == 0 {
+            return;
+        }
+        let at = self.bytes.len();
+        self.bytes.extend_from_slice(run);
+        self.len += pairs;
+        if let Some((key, rest)) = run.get(last_start..).and_then(split_bytes) {
+            let end = at + run.len() - rest.len();
+            self.last_key = Some((end - key.len(), end));
+        }
     }
 
     /// The image of the pairs pushed. A buffer that grew well past its pairs is shrunk to
