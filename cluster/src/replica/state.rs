@@ -47,9 +47,10 @@ const RECENT_MAX_WRITES: usize = 64;
 /// The most key and value bytes the unsorted buffer holds before the same happens (so a run
 /// of large values settles sooner).
 const RECENT_MAX_BYTES: usize = 32 << 10;
-/// A buffer that grew past this (a large value went through it) is freed once it settles,
-/// instead of being kept for the next writes.
-const RECENT_KEEP_BYTES: usize = 2 * RECENT_MAX_BYTES;
+/// A buffer that grew past this (large values went through it) is freed once it settles,
+/// instead of being kept for the next writes: every shard of a node keeps its buffer, so
+/// what each keeps is bounded (64 writes of 100-byte values take 8 KiB).
+const RECENT_KEEP_BYTES: usize = 16 << 10;
 
 /// A key-value state: an image and the writes made since. Equal states compare and hash equal
 /// however their pairs are split between the layers.
@@ -928,7 +929,7 @@ mod tests {
     #[test]
     fn large_values_settle_at_once_and_their_buffer_is_freed() {
         let mut state = KvState::new();
-        let large = vec![7u8; RECENT_KEEP_BYTES + 1];
+        let large = vec![7u8; RECENT_MAX_BYTES.max(RECENT_KEEP_BYTES) + 1];
         state.insert(b"small", b"1");
         state.insert(b"large", &large);
         assert!(state.recent.is_empty());
