@@ -5,10 +5,11 @@
 //! (BENCHMARKS.md, issue 6, session 32). Here most pairs live in one [`StateImage`] per shard,
 //! with an index of where each pair starts. The writes since the image was made wait on top of
 //! it in two layers:
-//! - the latest ones, unsorted, in one buffer, in the order they were made. A write only
-//!   appends its key and value there: it neither searches nor allocates (searching the image
-//!   and a map of writes for each write, and allocating its key and value, was about a fifth of
-//!   a node's event loop under ×16 writes; BENCHMARKS.md, issue 5, session 52);
+//! - the latest ones, unsorted, in one buffer, in the order they were made. A write looks its
+//!   key up (to keep the count of keys) and appends its key and value there: it neither
+//!   hashes nor allocates (searching a map of writes for each write, allocating its key and
+//!   value, and hashing it and the pair it replaced, was about a fifth of a node's event loop
+//!   under ×16 writes; BENCHMARKS.md, issue 5, session 52);
 //! - once that buffer holds [`RECENT_MAX_WRITES`] writes (or [`RECENT_MAX_BYTES`]), its latest
 //!   write of each key either goes into a sorted map on top of the image or, when the map and
 //!   those writes together are half as many keys as the image (at least
@@ -74,7 +75,9 @@ pub struct KvState {
     recent: Vec<RecentWrite>,
     /// The keys and values of `recent`, back to back.
     recent_bytes: Vec<u8>,
-    /// How many keys `base` and `writes` hold (not counting `recent`).
+    /// How many keys it holds, `recent`'s writes counted as they are made (a status counts
+    /// every shard's keys, often: a count that looked the buffer's writes up each time cost
+    /// the event loops tens of milliseconds a status during a join).
     len: usize,
     /// The digest of the pairs of `base` and `writes` (not counting `recent`).
     digest: StateDigest,
@@ -197,12 +200,16 @@ impl KvState {
     /// The digest of the pairs it holds (kept as writes change them; the few writes not
     /// sorted yet are looked up here).
     pub fn digest(&self) -> StateDigest {
-        self.with_recent().1
+        let mut digest = self.digest;
+        for (key, new) in latest_writes(&self.recent, &self.recent_bytes) {
+            digest.replace(key, self.settled_get(key), new);
+        }
+        digest
     }
 
     /// How many keys it holds.
     pub fn len(&self) -> usize {
-        self.with_recent().0
+        self.len
     }
 
     /// Whether it holds no key.
@@ -406,19 +413,10 @@ impl KvState {
         builder.push_run(&bytes[first..end], run.len(), self.starts[last] - first);
     }
 
-    /// The number of keys and the digest, with the unsorted writes counted.
-    fn with_recent(&self) -> (usize, StateDigest) {
-        let (mut len, mut digest) = (self.len, self.digest);
-        for (key, new) in latest_writes(&self.recent, &self.recent_bytes) {
-            let old = self.settled_get(key);
-            digest.replace(key, old, new);
-            len = len + usize::from(new.is_some()) - usize::from(old.is_some());
-        }
-        (len, digest)
-    }
-
     /// Appends a write to the unsorted buffer, and settles the buffer once it is full.
     fn push_recent(&mut self, key: &[u8], value: Option<&[u8]>) {
+        let held = self.get(key).is_some();
+        self.len = self.len + usize::from(value.is_some()) - usize::from(held);
         let start = self.recent_bytes.len();
         self.recent_bytes.extend_from_slice(key);
         let key_end = self.recent_bytes.len();
@@ -468,8 +466,9 @@ impl KvState {
         }
     }
 
-    /// Sets `key` to `value` (`None`: deletes it) in the sorted map. An overwrite keeps the
-    /// value's allocation when it is not much larger than the new value.
+    /// Sets `key` to `value` (`None`: deletes it) in the sorted map, and the digest. An
+    /// overwrite keeps the value's allocation when it is not much larger than the new value.
+    /// The count of keys is not touched: it counted the write when it was made.
     fn write_sorted(&mut self, key: &[u8], value: Option<&[u8]>) {
         if let Some(written) = self.writes.get_mut(key) {
             self.digest.replace(key, written.as_deref(), value);
@@ -478,11 +477,7 @@ impl KvState {
                     held.clear();
                     held.extend_from_slice(value);
                 }
-                (held, value) => {
-                    self.len =
-                        self.len + usize::from(value.is_some()) - usize::from(held.is_some());
-                    *written = value.map(<[u8]>::to_vec);
-                }
+                (_, value) => *written = value.map(<[u8]>::to_vec),
             }
             // A deletion the base does not need is nothing left to record.
             if written.is_none() && self.base_search(key).is_err() {
@@ -500,7 +495,6 @@ impl KvState {
         if let Some(value) = value {
             self.digest.add(key, value);
         }
-        self.len = self.len + usize::from(value.is_some()) - usize::from(old.is_some());
         self.writes.insert(key.to_vec(), value.map(<[u8]>::to_vec));
         self.merge_if_due();
     }
@@ -549,7 +543,10 @@ impl KvState {
                 std::mem::take(&mut self.recent),
                 std::mem::take(&mut self.recent_bytes),
             );
+            let len = self.len;
             *self = KvState::index(image, Some(digest));
+            // The count includes the writes still being settled.
+            self.len = len;
             self.recent = recent;
             self.recent_bytes = recent_bytes;
         }
