@@ -238,25 +238,45 @@ fn hermetic(command: &mut Command) {
     command.env("NO_COLOR", "1");
 }
 
-/// `count` distinct free UDP ports on 127.0.0.1, never handed out before by this process.
-///
-/// Each port is free when picked (a socket was bound to it and closed); another process could
-/// still take it before the node binds it, which is unlikely enough on a test machine.
+/// Where nodes' ports are picked: below Linux's default range of ephemeral ports (32768 to
+/// 60999), so no socket bound to port 0 (a client's, in this process or another) is handed one
+/// between the pick and the node's own bind. Picked from the ephemeral range, a port was
+/// taken that way once and a node exited with "Address already in use".
+const NODE_PORTS: std::ops::Range<u16> = 15_000..32_000;
+
+/// `count` distinct free UDP ports on 127.0.0.1 from [`NODE_PORTS`], never handed out before
+/// by this process. Each port is free when picked (a socket was bound to it and closed).
 fn free_ports(count: usize) -> Vec<u16> {
-    static GIVEN: Mutex<Option<HashSet<u16>>> = Mutex::new(None);
+    // The ports given out, and the next candidate (an offset into `NODE_PORTS`, starting at a
+    // place that depends on the process, so test binaries run one after another start apart).
+    static GIVEN: Mutex<Option<(HashSet<u16>, u32)>> = Mutex::new(None);
+    let span = u32::from(NODE_PORTS.end - NODE_PORTS.start);
     let mut given = GIVEN.lock().unwrap_or_else(PoisonError::into_inner);
-    let given = given.get_or_insert_with(HashSet::new);
-    // Hold every socket until all are picked, so the OS cannot hand the same port out twice.
+    let (given, next) =
+        given.get_or_insert_with(|| (HashSet::new(), std::process::id().wrapping_mul(97) % span));
+    // Hold every socket until all are picked.
     let mut held = Vec::new();
     let mut ports = Vec::new();
-    while ports.len() < count {
-        let socket = UdpSocket::bind("127.0.0.1:0").expect("bind a UDP socket on 127.0.0.1:0");
-        let port = socket.local_addr().expect("local address").port();
-        if given.insert(port) {
-            ports.push(port);
+    for _ in 0..span {
+        if ports.len() == count {
+            break;
         }
-        held.push(socket);
+        let port = NODE_PORTS.start + u16::try_from(*next % span).expect("within the range");
+        *next = next.wrapping_add(1);
+        if given.contains(&port) {
+            continue;
+        }
+        if let Ok(socket) = UdpSocket::bind(("127.0.0.1", port)) {
+            given.insert(port);
+            ports.push(port);
+            held.push(socket);
+        }
     }
+    assert_eq!(
+        ports.len(),
+        count,
+        "no {count} free UDP ports left in {NODE_PORTS:?}"
+    );
     ports
 }
 
