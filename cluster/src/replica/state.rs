@@ -13,7 +13,8 @@
 //! - once that buffer holds [`RECENT_MAX_WRITES`] writes (or [`RECENT_MAX_BYTES`]), its latest
 //!   write of each key either goes into a sorted map on top of the image or, when the map and
 //!   those writes together are half as many keys as the image (at least
-//!   [`MERGE_AT_LEAST`]), everything is merged into a new image in one pass.
+//!   [`MERGE_AT_LEAST`]), or the image holds at most [`MERGE_PAIRS_PER_WRITE`] pairs per
+//!   write settled, everything is merged into a new image in one pass.
 //!
 //! In a shard of a few hundred keys the map is never used: every [`RECENT_MAX_WRITES`] writes
 //! are sorted and merged with the image at once. An installed snapshot's image becomes the state
